@@ -1,0 +1,40 @@
+"""A text-generation engine on ONNX Runtime. Public API only."""
+
+from engine.config import EngineConfig, GenerateOptions
+from engine.engine import Engine, GenerateEvent, GenerateRequest, GenerateResult, Timings
+from engine.errors import (
+    CancelledError,
+    ContextOverflowError,
+    EngineError,
+    InvalidOptionError,
+    InvalidPromptError,
+    ModelLoadError,
+    ResourceLimitError,
+    RuntimeSelectionError,
+    TokenizerError,
+    UnsupportedModelError,
+)
+from engine.stopping import FinishReason
+from engine.tokenizer import ChatMessage
+
+__all__ = [
+    "CancelledError",
+    "ChatMessage",
+    "ContextOverflowError",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "FinishReason",
+    "GenerateEvent",
+    "GenerateOptions",
+    "GenerateRequest",
+    "GenerateResult",
+    "InvalidOptionError",
+    "InvalidPromptError",
+    "ModelLoadError",
+    "ResourceLimitError",
+    "RuntimeSelectionError",
+    "Timings",
+    "TokenizerError",
+    "UnsupportedModelError",
+]

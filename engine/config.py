@@ -1,0 +1,148 @@
+"""Frozen option dataclasses, validated at construction (the public edge)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.errors import InvalidOptionError
+
+#: A stop sequence is text (matched on decoded output) or a run of token ids.
+StopSequence = str | tuple[int, ...]
+
+Provider = Literal["auto", "cpu", "cuda", "directml"]
+PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
+
+
+def _check_int(name: str, value: object, *, minimum: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidOptionError(
+            name, f"expected an integer >= {minimum}, got {value!r}", hint=hint
+        )
+
+
+def _check_float(
+    name: str, value: object, *, low: float, high: float, low_open: bool = False, hint: str
+) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        v = float(value)  # type: ignore[arg-type]
+        ok = (v > low if low_open else v >= low) and v <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise InvalidOptionError(
+            name, f"expected a number in {bracket}{low}, {high}], got {value!r}", hint=hint
+        )
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Everything that shapes one generation. Defaults change nothing (empty processor chain)."""
+
+    max_new_tokens: int = 256
+    #: Total tokens (prompt + generated) allowed; None = the model's context length.
+    max_context: int | None = None
+    #: 0 means greedy.
+    temperature: float = 1.0
+    greedy: bool = False
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    #: Token id -> additive bias (OpenAI `logit_bias`).
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop_sequences: tuple[StopSequence, ...] = ()
+    #: None = the model's EOS ids (all of them count).
+    eos_token_ids: tuple[int, ...] | None = None
+    stop_on_eos: bool = True
+    #: EOS and stop tokens are masked until this many tokens were generated.
+    min_new_tokens: int = 0
+    #: None = no logprobs; 0 = the chosen token's logprob only; k = plus the top k.
+    top_logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, minimum=1,
+                   hint="ask for at least one new token")
+        if self.max_context is not None:
+            _check_int("max_context", self.max_context, minimum=2,
+                       hint="leave it unset to use the model's context length")
+        _check_float("temperature", self.temperature, low=0.0, high=100.0,
+                     hint="use 0 for greedy decoding, 1 for the model's distribution")
+        _check_int("top_k", self.top_k, minimum=0, hint="use 0 to disable top-k")
+        _check_float("top_p", self.top_p, low=0.0, high=1.0, low_open=True,
+                     hint="use 1.0 to disable nucleus sampling")
+        _check_float("min_p", self.min_p, low=0.0, high=1.0, hint="use 0 to disable min-p")
+        _check_float("repetition_penalty", self.repetition_penalty, low=0.0, high=100.0,
+                     low_open=True, hint="use 1.0 for no penalty; values > 1 discourage repeats")
+        for name in ("frequency_penalty", "presence_penalty"):
+            _check_float(name, getattr(self, name), low=-2.0, high=2.0,
+                         hint="OpenAI's range is -2.0 to 2.0; use 0 for no penalty")
+        for token, bias in self.logit_bias.items():
+            _check_int("logit_bias", token, minimum=0, hint="keys are token ids")
+            _check_float("logit_bias", bias, low=-100.0, high=100.0,
+                         hint="biases range from -100 (ban) to 100 (force)")
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0, hint="use a non-negative integer")
+        for index, stop in enumerate(self.stop_sequences):
+            if isinstance(stop, str):
+                if not stop:
+                    raise InvalidOptionError(f"stop_sequences[{index}]", "empty string",
+                                             hint="remove it or give non-empty text")
+            elif isinstance(stop, tuple) and stop:
+                for token in stop:
+                    _check_int(f"stop_sequences[{index}]", token, minimum=0,
+                               hint="token stop sequences are tuples of token ids")
+            else:
+                raise InvalidOptionError(
+                    f"stop_sequences[{index}]",
+                    f"expected non-empty text or a tuple of token ids, got {stop!r}",
+                    hint="e.g. stop_sequences=('\\n\\n', (42, 7))",
+                )
+        if self.eos_token_ids is not None:
+            for token in self.eos_token_ids:
+                _check_int("eos_token_ids", token, minimum=0, hint="give token ids")
+        _check_int("min_new_tokens", self.min_new_tokens, minimum=0, hint="use 0 to disable")
+        if self.top_logprobs is not None:
+            _check_int("top_logprobs", self.top_logprobs, minimum=0,
+                       hint="use 0 for the chosen token only, up to 20 alternatives")
+            if self.top_logprobs > 20:
+                raise InvalidOptionError("top_logprobs", f"at most 20, got {self.top_logprobs}",
+                                         hint="ask for 20 or fewer alternatives")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model: provider, threads, buffers."""
+
+    provider: str = "auto"
+    #: None = the machine's physical cores.
+    intra_op_threads: int | None = None
+    #: ORT thread spinning burns idle CPU; off by default for a desktop app.
+    allow_spinning: bool = False
+    #: Prompt tokens per prefill forward.
+    prefill_chunk_size: int = 512
+    #: Cap on the shared KV buffer length (tokens); None = the model's context.
+    kv_max_len: int | None = None
+    #: Add an ArgMax output so greedy steps return one id instead of full logits.
+    greedy_fast_path: bool = True
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise InvalidOptionError("provider", f"expected one of {', '.join(PROVIDERS)}, "
+                                     f"got {self.provider!r}", hint="use 'auto' to pick one")
+        if self.intra_op_threads is not None:
+            _check_int("intra_op_threads", self.intra_op_threads, minimum=1,
+                       hint="leave unset to use the physical cores")
+        _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
+                   hint="e.g. 512")
+        if self.kv_max_len is not None:
+            _check_int("kv_max_len", self.kv_max_len, minimum=16, hint="e.g. 4096")

@@ -1,0 +1,309 @@
+"""Decode runners: one ORT session, its KV state, and a `forward(token_ids)` step.
+
+Every runner keeps `length` tokens of KV, appends on `forward`, and drops the tail on
+`rewind`. The per-token path is kept lean: buffers are bound once and inputs are updated
+in place, because Python overhead per step is what separates a loop from a C++ peer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from engine.errors import ContextOverflowError
+from engine.io_spec import IOSpec
+
+_GROW_STEP = 256
+
+
+def _bind_array(binding: Any, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Bind a host array (or a leading part of it) without creating an OrtValue."""
+    binding.bind_input(name, "cpu", 0, array.dtype, list(shape), array.ctypes.data)
+
+
+class DecodeRunner(ABC):
+    """A model session plus its KV cache for one sequence."""
+
+    path: str = ""
+
+    def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
+        self.session = session
+        self.spec = spec
+        self.context_length = context_length
+        self.length = 0
+        self._vocab = spec.vocab_size
+        self._logits_dtype = np.float16 if spec.logits_dtype == "float16" else np.float32
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the KV can hold without reallocation."""
+        return self.context_length
+
+    def reserve(self, total_tokens: int) -> None:
+        """Make room for `total_tokens` in all (prompt + generated); may reallocate."""
+        if total_tokens > self.context_length:
+            raise ContextOverflowError(
+                f"{total_tokens} tokens do not fit the model's context of "
+                f"{self.context_length}", hint="shorten the prompt or ask for fewer tokens")
+
+    def forward(self, token_ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+        """Run `token_ids` (int64, 1-D) after the cached ones; return float32 logits.
+
+        Returns `[V]` for the last position, or `[n, V]` with `all_logits` (not possible
+        on graphs that output last-token logits only). The array may be a view that the
+        next call overwrites.
+        """
+        n = int(token_ids.shape[0])
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if self.length + n > self.context_length:
+            raise ContextOverflowError(
+                f"{self.length + n} tokens exceed the model's context of "
+                f"{self.context_length}", hint="the generation loop must stop at the context")
+        if all_logits and self.spec.logits_last_only and n > 1:
+            raise ValueError("this graph outputs last-token logits only")
+        logits = self._run(token_ids, n)
+        self.length += n
+        rows = logits.reshape(-1, self._vocab)
+        if rows.dtype != np.float32:
+            rows = rows.astype(np.float32)
+        return rows if all_logits else rows[-1]
+
+    def rewind(self, n: int) -> None:
+        """Forget the last `n` tokens."""
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot rewind {n} of {self.length} tokens")
+        self.length -= n
+        self._after_rewind()
+
+    def reset(self) -> None:
+        self.rewind(self.length)
+
+    def _after_rewind(self) -> None:
+        """Hook for runners whose KV must be trimmed on rewind."""
+
+    @abstractmethod
+    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray: ...
+
+
+class SharedBufferRunner(DecodeRunner):
+    """GroupQueryAttention graphs: past and present are one preallocated buffer per pair.
+
+    The mask's length is the total length; new rows land at their positions in place,
+    so a step does O(1) work outside the model and rewind just moves `length`.
+    """
+
+    path = "shared_buffer"
+
+    def __init__(self, session: Any, spec: IOSpec, context_length: int,
+                 initial_capacity: int = _GROW_STEP) -> None:
+        super().__init__(session, spec, context_length)
+        self._binding = session.io_binding()
+        self._cap = 0
+        self._kv: list[np.ndarray] = []
+        self._mask = np.ones((1, 0), dtype=np.int64)
+        self._step_ids = np.zeros((1, 1), dtype=np.int64)
+        self._step_logits = np.empty((1, 1, self._vocab), dtype=self._logits_dtype)
+        self._positions = np.arange(context_length, dtype=np.int64).reshape(1, -1)
+        self._step_bound = False
+        self._grow(min(initial_capacity, context_length))
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(a.nbytes for a in self._kv)
+
+    def reserve(self, total_tokens: int) -> None:
+        super().reserve(total_tokens)
+        if total_tokens > self._cap:
+            target = -(-total_tokens // _GROW_STEP) * _GROW_STEP
+            self._grow(min(target, self.context_length))
+
+    def _grow(self, cap: int) -> None:
+        # Copy what is cached into larger buffers and rebind them as past and present.
+        import onnxruntime as ort
+
+        new_kv = []
+        for i, pair in enumerate(self.spec.kv_pairs):
+            buf = np.zeros((1, pair.num_heads, cap, pair.head_dim), dtype=pair.dtype)
+            if self._kv:
+                buf[:, :, : self.length] = self._kv[i][:, :, : self.length]
+            value = ort.OrtValue.ortvalue_from_numpy(buf)
+            self._binding.bind_ortvalue_input(pair.input, value)
+            self._binding.bind_ortvalue_output(pair.output, value)
+            new_kv.append(buf)
+        self._kv = new_kv
+        self._cap = cap
+        self._mask = np.ones((1, cap), dtype=np.int64)
+
+    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
+        if self.length + n > self._cap:
+            self.reserve(self.length + n)
+        b = self._binding
+        total = self.length + n
+        if n == 1:
+            if not self._step_bound:
+                _bind_array(b, self.spec.input_ids, self._step_ids, (1, 1))
+                b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
+                              [1, 1, self._vocab], self._step_logits.ctypes.data)
+                self._step_bound = True
+            self._step_ids[0, 0] = token_ids[0]
+            logits = self._step_logits
+        else:
+            ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
+            rows = 1 if self.spec.logits_last_only else n
+            logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
+            _bind_array(b, self.spec.input_ids, ids, (1, n))
+            b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
+                          [1, rows, self._vocab], logits.ctypes.data)
+            self._step_bound = False
+        if self.spec.attention_mask:
+            _bind_array(b, self.spec.attention_mask, self._mask, (1, total))
+        if self.spec.position_ids:
+            pos = self._positions[:, self.length:total]
+            _bind_array(b, self.spec.position_ids, np.ascontiguousarray(pos), (1, n))
+        self.session.run_with_iobinding(b)
+        return logits
+
+
+class GrowingRunner(DecodeRunner):
+    """Graphs that concatenate past and new KV: each present OrtValue becomes the next past."""
+
+    path = "growing"
+
+    def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
+        super().__init__(session, spec, context_length)
+        self._binding = session.io_binding()
+        self._past: list[Any] = []
+        self._positions = np.arange(context_length, dtype=np.int64).reshape(1, -1)
+        self._mask = np.ones((1, context_length), dtype=np.int64)
+        self._reset_past()
+
+    def _reset_past(self) -> None:
+        import onnxruntime as ort
+
+        self._past = [
+            ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((1, p.num_heads, 0, p.head_dim), dtype=p.dtype))
+            for p in self.spec.kv_pairs
+        ]
+
+    def _after_rewind(self) -> None:
+        import onnxruntime as ort
+
+        if self.length == 0:
+            self._reset_past()
+            return
+        self._past = [
+            ort.OrtValue.ortvalue_from_numpy(
+                np.ascontiguousarray(v.numpy()[:, :, : self.length]))
+            for v in self._past
+        ]
+
+    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
+        b = self._binding
+        total = self.length + n
+        ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
+        _bind_array(b, self.spec.input_ids, ids, (1, n))
+        if self.spec.attention_mask:
+            _bind_array(b, self.spec.attention_mask, self._mask, (1, total))
+        if self.spec.position_ids:
+            pos = np.ascontiguousarray(self._positions[:, self.length:total])
+            _bind_array(b, self.spec.position_ids, pos, (1, n))
+        for pair, value in zip(self.spec.kv_pairs, self._past, strict=True):
+            b.bind_ortvalue_input(pair.input, value)
+            b.bind_output(pair.output, "cpu")
+        rows = 1 if self.spec.logits_last_only else n
+        logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
+        b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
+                      logits.ctypes.data)
+        self.session.run_with_iobinding(b)
+        outputs = b.get_outputs()
+        # Outputs come back in binding order: the KV pairs first, then the logits.
+        self._past = list(outputs[: len(self.spec.kv_pairs)])
+        return logits
+
+
+class StaticCacheRunner(DecodeRunner):
+    """Fixed-length caches written by position: ping-pong between two buffer sets."""
+
+    path = "static_cache"
+
+    def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
+        assert spec.static_max_len is not None
+        super().__init__(session, spec, min(context_length, spec.static_max_len))
+        self._binding = session.io_binding()
+        cap = spec.static_max_len
+        self._bufs = [
+            [np.zeros((1, p.num_heads, cap, p.head_dim), dtype=p.dtype) for p in spec.kv_pairs]
+            for _ in range(2)
+        ]
+        self._current = 0
+        self._mask = np.zeros((1, cap), dtype=np.int64)
+        self._positions = np.arange(cap, dtype=np.int64).reshape(1, -1)
+        self._cap = cap
+
+    def _after_rewind(self) -> None:
+        self._mask[0, self.length:] = 0
+
+    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
+        b = self._binding
+        total = self.length + n
+        ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
+        _bind_array(b, self.spec.input_ids, ids, (1, n))
+        self._mask[0, self.length:total] = 1
+        assert self.spec.attention_mask is not None
+        _bind_array(b, self.spec.attention_mask, self._mask, (1, self._cap))
+        if self.spec.position_ids:
+            pos = np.ascontiguousarray(self._positions[:, self.length:total])
+            _bind_array(b, self.spec.position_ids, pos, (1, n))
+        src, dst = self._bufs[self._current], self._bufs[1 - self._current]
+        for pair, past, present in zip(self.spec.kv_pairs, src, dst, strict=True):
+            _bind_array(b, pair.input, past, past.shape)
+            b.bind_output(pair.output, "cpu", 0, present.dtype, list(present.shape),
+                          present.ctypes.data)
+        rows = 1 if self.spec.logits_last_only else n
+        logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
+        b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
+                      logits.ctypes.data)
+        self.session.run_with_iobinding(b)
+        self._current = 1 - self._current
+        return logits
+
+
+class RecomputeRunner(DecodeRunner):
+    """Graphs without a KV cache: every step runs the whole sequence again."""
+
+    path = "recompute"
+
+    def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
+        super().__init__(session, spec, context_length)
+        self._tokens = np.zeros(context_length, dtype=np.int64)
+
+    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
+        total = self.length + n
+        self._tokens[self.length:total] = token_ids
+        feeds: dict[str, np.ndarray] = {self.spec.input_ids: self._tokens[None, :total]}
+        if self.spec.attention_mask:
+            feeds[self.spec.attention_mask] = np.ones((1, total), dtype=np.int64)
+        if self.spec.position_ids:
+            feeds[self.spec.position_ids] = np.arange(total, dtype=np.int64)[None]
+        (logits,) = self.session.run([self.spec.logits], feeds)
+        return np.asarray(logits)[:, -n:] if not self.spec.logits_last_only else logits
+
+
+RUNNERS: dict[str, type[DecodeRunner]] = {
+    "shared_buffer": SharedBufferRunner,
+    "growing": GrowingRunner,
+    "static_cache": StaticCacheRunner,
+    "recompute": RecomputeRunner,
+}
+
+
+def make_runner(session: Any, spec: IOSpec, context_length: int) -> DecodeRunner:
+    return RUNNERS[spec.decode_path](session, spec, context_length)

@@ -1,0 +1,127 @@
+"""ONNX Runtime: the installed variant, execution providers, session options."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine.config import EngineConfig
+from engine.errors import ModelLoadError, RuntimeSelectionError
+
+log = logging.getLogger(__name__)
+
+#: Distributions that all install the `onnxruntime` import package.
+ORT_VARIANTS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml",
+                "onnxruntime-openvino", "onnxruntime-qnn")
+_PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                   "directml": "DmlExecutionProvider"}
+BACKEND_ENV = "ONNX_GENAI_BACKEND"
+
+
+def installed_ort_variants() -> list[str]:
+    found = []
+    for name in ORT_VARIANTS:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def check_ort_installation(variants: list[str] | None = None) -> str:
+    """Return the one installed ONNX Runtime variant, or explain how to fix the install."""
+    found = installed_ort_variants() if variants is None else variants
+    if not found:
+        raise RuntimeSelectionError(
+            "ONNX Runtime is not installed",
+            hint="install exactly one extra: pip install '.[cpu]' (or [cuda], or [directml] "
+                 "on Windows)")
+    if len(found) > 1:
+        raise RuntimeSelectionError(
+            f"several ONNX Runtime variants are installed ({', '.join(found)}); they share "
+            "the import name 'onnxruntime' and overwrite each other's files",
+            hint=f"pip uninstall -y {' '.join(found)}, then install exactly one extra")
+    return found[0]
+
+
+def provider_from_env(configured: str) -> str:
+    """An explicit provider wins; 'auto' honours ONNX_GENAI_BACKEND when it is set."""
+    if configured != "auto":
+        return configured
+    raw = os.environ.get(BACKEND_ENV)
+    if raw is None or not raw.strip():
+        return "auto"
+    value = raw.strip().lower()
+    if value not in ("auto", *_PROVIDER_NAMES):
+        raise RuntimeSelectionError(
+            f"{BACKEND_ENV}={raw!r} is not a known provider",
+            hint=f"use one of auto, {', '.join(_PROVIDER_NAMES)} or unset it")
+    return value
+
+
+def choose_providers(requested: str, available: list[str]) -> list[str]:
+    """ORT provider list for a request; refuse a provider that is not installed."""
+    if requested == "auto":
+        for key in ("cuda", "directml"):
+            if _PROVIDER_NAMES[key] in available:
+                return [_PROVIDER_NAMES[key], "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+    name = _PROVIDER_NAMES[requested]
+    if name not in available:
+        extra = {"cuda": "cuda", "directml": "directml"}.get(requested, "cpu")
+        raise RuntimeSelectionError(
+            f"provider '{requested}' is not available in this ONNX Runtime "
+            f"(available: {', '.join(available)})",
+            hint=f"install the '{extra}' extra instead of the current variant, or use "
+                 "--provider cpu")
+    return [name] if requested == "cpu" else [name, "CPUExecutionProvider"]
+
+
+def default_threads() -> int:
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    provider: str
+    threads: int
+
+
+def make_session(model_file: Path, config: EngineConfig) -> tuple[Any, SessionInfo]:
+    import onnxruntime as ort
+
+    check_ort_installation()
+    requested = provider_from_env(config.provider)
+    providers = choose_providers(requested, ort.get_available_providers())
+    options = ort.SessionOptions()
+    threads = config.intra_op_threads or default_threads()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    spin = "1" if config.allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model_file), options, providers=providers)
+    except Exception as exc:  # ORT raises several unrelated types for a bad graph
+        other = "cpu" if requested != "cpu" else "cuda (install the 'cuda' extra)"
+        raise ModelLoadError(
+            f"ONNX Runtime could not load {model_file}: {exc}",
+            hint=f"check the ONNX Runtime version (this model may need a newer one), or try "
+                 f"another provider: --provider {other}") from exc
+    active = session.get_providers()[0]
+    if requested not in ("auto", "cpu") and active != _PROVIDER_NAMES[requested]:
+        raise RuntimeSelectionError(
+            f"asked for {requested} but ONNX Runtime runs on {active}",
+            hint="check the GPU driver and CUDA/cuDNN libraries, or use --provider cpu")
+    short = {v: k for k, v in _PROVIDER_NAMES.items()}.get(active, active)
+    return session, SessionInfo(provider=short, threads=threads)
