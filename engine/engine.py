@@ -120,12 +120,11 @@ class Engine:
             bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
             if bad:
                 raise InvalidPromptError(
-                    f"token ids {bad[:5]} are outside the vocabulary (0..{self.spec.vocab_size - 1})",
+                    f"token ids {bad[:5]} are outside the vocabulary "
+                    f"(0..{self.spec.vocab_size - 1})",
                     hint="encode the prompt with this model's tokenizer")
         elif request.messages is not None:
-            text = self.tokenizer.apply_chat_template(request.messages,
-                                                      add_generation_prompt=True)
-            ids = self.tokenizer.encode(text, parse_special=True)
+            ids = self.tokenizer.encode_chat(request.messages, add_generation_prompt=True)
         else:
             assert request.prompt is not None
             ids = self.tokenizer.encode(request.prompt, parse_special=True)
@@ -159,7 +158,8 @@ class Engine:
         eos = self._stop_ids(request)
         stopper = StopChecker(options, eos_token_ids=eos)
         detok = self.tokenizer.detokenizer(skip_special=True)
-        single_stops = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
+        single_stops = [s[0] for s in options.stop_sequences
+                        if isinstance(s, tuple) and len(s) == 1]
         clock = LoopClock(start=started)
         generated: list[int] = []
         logprobs: list[TokenLogprob] = []

@@ -11,98 +11,20 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
+from engine.chat_template import ChatMessage, ChatTemplate, message_dict
+
+__all__ = ["ChatMessage", "StreamingDetokenizer", "Tokenizer"]
 from engine.errors import InvalidPromptError, TokenizerError
 
 _REPLACEMENT = "\ufffd"
 # Held tokens after which a streaming detokenizer restarts its window. A UTF-8 character
 # spans at most 4 bytes, so a longer run ending in U+FFFD holds invalid bytes.
 _MAX_HOLD = 8
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One chat turn; ``apply_chat_template`` also accepts plain mappings."""
-
-    role: str
-    content: str
-
-
-class _TemplateRaised(Exception):
-    """A chat template called ``raise_exception(msg)``."""
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRaised(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    # HF's filter: plain json.dumps (Jinja's own tojson HTML-escapes, which templates don't want)
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
-
-
-class _GenerationTag(Extension):
-    """HF's ``{% generation %}...{% endgeneration %}`` marks assistant text; render as is."""
-
-    tags = {"generation"}  # noqa: RUF012 - Jinja's Extension API declares it this way
-
-    def parse(self, parser: Any) -> Any:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-class ChatTemplate:
-    """A compiled Jinja chat template, rendered in a sandbox with Hugging Face semantics."""
-
-    def __init__(self, source: str, origin: str, special_tokens: Mapping[str, str]) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True,
-            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self.origin = origin
-        self._special = dict(special_tokens)
-        try:
-            self._template = env.from_string(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise TokenizerError(
-                f"{origin}: the chat template does not compile (line {exc.lineno}: {exc.message})",
-                hint="fix or replace the template; raw prompts still work without one",
-            ) from exc
-
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-               tools: Sequence[Mapping[str, Any]] | None = None,
-               extra: Mapping[str, Any] | None = None) -> str:
-        variables: dict[str, Any] = {**self._special, **(extra or {})}
-        variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
-        if tools is not None:
-            variables["tools"] = [dict(t) for t in tools]
-        try:
-            return self._template.render(**variables)
-        except _TemplateRaised as exc:
-            raise TokenizerError(
-                f"the chat template rejected the conversation: {exc}",
-                hint="change the messages (roles, order, system prompt) as the message says",
-            ) from exc
-        except Exception as exc:  # any error inside template code
-            raise TokenizerError(
-                f"{self.origin}: rendering the chat template failed: {exc}",
-                hint="check the messages' fields; the template may expect ones this request "
-                "lacks",
-            ) from exc
 
 
 def _read_json(path: Path) -> Any:
@@ -322,21 +244,42 @@ class Tokenizer:
             raise InvalidPromptError("the conversation has no messages",
                                      hint="send at least one message")
         return self._template.render(
-            [_message_dict(m, i) for i, m in enumerate(messages)],
+            [message_dict(m, i) for i, m in enumerate(messages)],
             add_generation_prompt=add_generation_prompt, tools=tools, extra=extra,
         )
 
 
-def _message_dict(message: ChatMessage | Mapping[str, Any], index: int) -> dict[str, Any]:
-    if isinstance(message, ChatMessage):
-        return {"role": message.role, "content": message.content}
-    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-        raise InvalidPromptError(
-            f"messages[{index}] has no string 'role'",
-            hint='each message needs a role and content, e.g. {"role": "user", "content": "hi"}',
-        )
-    return dict(message)
+    def encode_chat(
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Render and encode a conversation; message text never becomes control tokens.
 
+        A user who types ``<|im_end|>`` must not end their own turn. When no message holds
+        special-token text the rendered prompt is encoded whole (exactly as Hugging Face
+        does); otherwise each message's text is encoded with special parsing off.
+        """
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        specials = [t for t in self._special_strings() if t]
+        contents = [str(message_dict(m, i).get("content") or "")
+                    for i, m in enumerate(messages)]
+        if not any(tok in c for c in contents for tok in specials):
+            return self.encode(text, parse_special=True)
+        ids: list[int] = []
+        cursor = 0
+        for content in contents:
+            at = text.find(content, cursor) if content else -1
+            if at < 0:
+                continue  # the template rewrote this message: nothing literal to protect
+            ids += self.encode(text[cursor:at], parse_special=True)
+            ids += self.encode(content, parse_special=False)
+            cursor = at + len(content)
+        return ids + self.encode(text[cursor:], parse_special=True)
+
+    def _special_strings(self) -> list[str]:
+        return [t for t in (self.id_to_token(i) for i in self.special_token_ids) if t]
 
 class StreamingDetokenizer:
     """Turns generated ids into text pieces as soon as the text is stable.
