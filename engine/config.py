@@ -132,8 +132,6 @@ class EngineConfig:
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
     kv_max_len: int | None = None
-    #: Add an ArgMax output so greedy steps return one id instead of full logits.
-    greedy_fast_path: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

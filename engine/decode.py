@@ -15,7 +15,8 @@ import numpy as np
 from engine.errors import ContextOverflowError
 from engine.io_spec import IOSpec
 
-_GROW_STEP = 256
+#: KV buffers grow in steps of this many tokens (never the whole context up front).
+_GROW_STEP = 64
 
 
 def _bind_array(binding: Any, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -81,7 +82,7 @@ class DecodeRunner(ABC):
     def reset(self) -> None:
         self.rewind(self.length)
 
-    def _after_rewind(self) -> None:
+    def _after_rewind(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Hook for runners whose KV must be trimmed on rewind."""
 
     @abstractmethod

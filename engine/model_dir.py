@@ -107,12 +107,13 @@ def load_model_dir(path: str | Path) -> ModelDir:
     if not root.is_dir():
         raise ModelLoadError(f"model folder {root} does not exist or is not a folder",
                              hint="pass the folder that holds model.onnx and tokenizer.json")
+    fmt: ModelFormat
     if (root / "genai_config.json").is_file():
-        fmt, declared, info = "genai", *_from_genai(root)
+        fmt, (declared, info) = "genai", _from_genai(root)
     elif (root / METADATA_FILE).is_file():
-        fmt, declared, info = "metadata", *_from_metadata(root)
+        fmt, (declared, info) = "metadata", _from_metadata(root)
     elif (root / "config.json").is_file():
-        fmt, declared, info = "optimum", *_from_hf(root)
+        fmt, (declared, info) = "optimum", _from_hf(root)
     else:
         fmt, declared, info = "convention", DeclaredIO(), {"model_file": _find_onnx(root)}
     warnings: list[str] = list(info.get("warnings", []))

@@ -277,6 +277,7 @@ def test_stream_of_real_text_emits_incrementally(ref: Tokenizer):
 def test_chat_message_text_cannot_inject_control_tokens(tokenizer_dir: Path):
     tok = Tokenizer.from_dir(tokenizer_dir)
     end = tok.token_to_id("<|im_end|>")
+    assert end is not None
     plain = [ChatMessage("user", "hello there")]
     # without special text the prompt is encoded exactly like the rendered string
     assert tok.encode_chat(plain) == tok.encode(tok.apply_chat_template(plain))
