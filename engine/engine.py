@@ -5,13 +5,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, GenerateOptions
 from engine.decode import DecodeRunner, make_runner
 from engine.errors import ContextOverflowError, InvalidPromptError
+from engine.fim import (
+    FimFamily,
+    FimFile,
+    FimOrder,
+    build_fim_ids,
+    detect_fim_family,
+    fim_stop_token_ids,
+    require_fim,
+)
 from engine.generate import LoopClock, generate_step
 from engine.io_spec import IOSpec, resolve_io
 from engine.model_dir import ModelDir, load_model_dir
@@ -95,6 +104,7 @@ class Engine:
                                   spec.static_max_len or model.context_length)
         self.runner: DecodeRunner = make_runner(session, spec, self.context_length)
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
+        self.fim_family: FimFamily | None = detect_fim_family(tokenizer)
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -206,6 +216,24 @@ class Engine:
             text="".join(pieces), token_ids=tuple(generated), finish_reason=finish,
             prompt_tokens=len(prompt), timings=timings, logprobs=tuple(logprobs))
         yield GenerateEvent("", None, None, ended, result=result)
+
+    def fim_request(
+        self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
+        order: FimOrder = "psm", extra_files: Sequence[FimFile] = (),
+        repo_name: str | None = None, file_path: str | None = None,
+    ) -> GenerateRequest:
+        """A fill-in-the-middle request in the model's own layout; FIM tokens stop it.
+
+        Raises UnsupportedModelError when the model has no FIM tokens.
+        """
+        family = require_fim(self.tokenizer)
+        ids = build_fim_ids(self.tokenizer, family, prefix, suffix, order=order,
+                            extra_files=extra_files, repo_name=repo_name, file_path=file_path)
+        options = options or GenerateOptions()
+        if options.eos_token_ids is None:
+            stops = dict.fromkeys([*self.eos_token_ids, *fim_stop_token_ids(family)])
+            options = replace(options, eos_token_ids=tuple(stops))
+        return GenerateRequest(token_ids=tuple(ids), options=options)
 
     def generate(self, request: GenerateRequest,
                  cancel: threading.Event | None = None) -> GenerateResult:

@@ -280,3 +280,20 @@ def test_int4_matmulnbits_graph_matches_onnxruntime_genai(genai_model_dir, tmp_p
     engine = Engine.load(folder)
     assert engine.model.graph.quantization == "int4"
     assert _greedy(engine, PROMPT, n=32) == og_greedy(folder, list(PROMPT), 32)
+
+
+def test_fim_request_uses_the_model_layout_and_stops_on_fim_tokens(genai):
+    from engine.fim import fim_stop_token_ids
+
+    request = genai.fim_request("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n",
+                                GenerateOptions(max_new_tokens=8, temperature=0.0))
+    tok = genai.tokenizer
+    assert request.token_ids is not None
+    assert request.token_ids[0] == tok.token_to_id("<|fim_prefix|>")
+    assert request.token_ids[-1] == tok.token_to_id("<|fim_middle|>")
+    assert genai.fim_family is not None
+    assert request.options.eos_token_ids is not None
+    assert set(fim_stop_token_ids(genai.fim_family)) <= set(request.options.eos_token_ids)
+    result = genai.generate(request)
+    assert "print(add" not in result.text  # the suffix is never appended to the output
+
