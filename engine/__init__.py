@@ -1,7 +1,8 @@
 """A text-generation engine on ONNX Runtime. Public API only."""
 
+from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
-from engine.engine import Engine, GenerateEvent, GenerateRequest, GenerateResult, Timings
+from engine.engine import Engine
 from engine.errors import (
     CancelledError,
     ContextOverflowError,

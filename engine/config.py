@@ -132,6 +132,12 @@ class EngineConfig:
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
     kv_max_len: int | None = None
+    #: Reuse the KV of earlier prompts (live slot, prefix cache, sessions).
+    prefix_cache: bool = True
+    #: Tokens per KV page (the granularity of prefix reuse).
+    kv_page_size: int = 32
+    #: Bytes the page pool (prefix cache + sessions' KV) may hold.
+    kv_cache_bytes: int = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -142,5 +148,7 @@ class EngineConfig:
                        hint="leave unset to use the physical cores")
         _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
                    hint="e.g. 512")
+        _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
+        _check_int("kv_cache_bytes", self.kv_cache_bytes, minimum=0, hint="e.g. 512 MiB")
         if self.kv_max_len is not None:
             _check_int("kv_max_len", self.kv_max_len, minimum=16, hint="e.g. 4096")

@@ -82,6 +82,33 @@ class DecodeRunner(ABC):
     def reset(self) -> None:
         self.rewind(self.length)
 
+    #: Whether `export_kv` / `import_kv` work (a graph without KV has nothing to move).
+    transfers_kv = True
+
+    def export_kv(self, start: int, end: int) -> list[np.ndarray]:
+        """Copies of the cached KV rows `[start, end)`: per pair `[heads, n, head_dim]`."""
+        if not 0 <= start <= end <= self.length:
+            raise ValueError(f"cannot export rows {start}..{end} of {self.length}")
+        return [np.array(view[:, start:end]) for view in self._kv_views()]
+
+    def import_kv(self, rows: list[np.ndarray], at: int) -> None:
+        """Make rows `[at, at + n)` hold `rows`; the cache then holds `at + n` tokens."""
+        if not 0 <= at <= self.length:
+            raise ValueError(f"cannot import at {at}: only {self.length} rows are cached")
+        n = rows[0].shape[1] if rows else 0
+        self.reserve(at + n)
+        self.length = at
+        self._write_kv(rows, at)
+        self.length = at + n
+
+    def _kv_views(self) -> list[np.ndarray]:
+        """Per-pair `[heads, capacity, head_dim]` views of the live KV."""
+        raise NotImplementedError
+
+    def _write_kv(self, rows: list[np.ndarray], at: int) -> None:
+        for view, data in zip(self._kv_views(), rows, strict=True):
+            view[:, at:at + data.shape[1]] = data
+
     def _after_rewind(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Hook for runners whose KV must be trimmed on rewind."""
 
@@ -118,6 +145,9 @@ class SharedBufferRunner(DecodeRunner):
     @property
     def kv_bytes(self) -> int:
         return sum(a.nbytes for a in self._kv)
+
+    def _kv_views(self) -> list[np.ndarray]:
+        return [a[0] for a in self._kv]
 
     def reserve(self, total_tokens: int) -> None:
         super().reserve(total_tokens)
@@ -206,6 +236,19 @@ class GrowingRunner(DecodeRunner):
             for v in self._past
         ]
 
+    def _kv_views(self) -> list[np.ndarray]:
+        return [v.numpy()[0] for v in self._past]
+
+    def _write_kv(self, rows: list[np.ndarray], at: int) -> None:
+        # Concatenation graphs own no spare rows: rebuild each past as kept + imported.
+        import onnxruntime as ort
+
+        self._past = [
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(
+                np.concatenate([v.numpy()[:, :, :at], data[None]], axis=2)))
+            for v, data in zip(self._past, rows, strict=True)
+        ]
+
     def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
         b = self._binding
         total = self.length + n
@@ -252,6 +295,15 @@ class StaticCacheRunner(DecodeRunner):
     def _after_rewind(self) -> None:
         self._mask[0, self.length:] = 0
 
+    def _kv_views(self) -> list[np.ndarray]:
+        return [a[0] for a in self._bufs[self._current]]
+
+    def _write_kv(self, rows: list[np.ndarray], at: int) -> None:
+        super()._write_kv(rows, at)
+        n = rows[0].shape[1] if rows else 0
+        self._mask[0, :at + n] = 1
+        self._mask[0, at + n:] = 0
+
     def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
         b = self._binding
         total = self.length + n
@@ -281,6 +333,7 @@ class RecomputeRunner(DecodeRunner):
     """Graphs without a KV cache: every step runs the whole sequence again."""
 
     path = "recompute"
+    transfers_kv = False
 
     def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
         super().__init__(session, spec, context_length)

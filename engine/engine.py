@@ -1,14 +1,20 @@
-"""The Engine facade: load a model folder, turn requests into streams of events."""
+"""The Engine facade: load a model folder, turn requests into streams of events.
+
+KV reuse is the default. The runner keeps the KV of the last sequence it ran (the
+"slot"); a new request rewinds it to the longest common prefix, or imports longer
+prefixes from the prefix cache or its session's pages, and prefills only the rest.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
 from engine.decode import DecodeRunner, make_runner
 from engine.errors import ContextOverflowError, InvalidPromptError
@@ -23,69 +29,35 @@ from engine.fim import (
 )
 from engine.generate import LoopClock, generate_step
 from engine.io_spec import IOSpec, resolve_io
+from engine.kv_cache import (
+    KVGeometry,
+    NoRoomError,
+    PagePool,
+    PageTable,
+    PrefixCache,
+    append_rows,
+    read_rows,
+    release_page,
+)
 from engine.model_dir import ModelDir, load_model_dir
 from engine.runtime import SessionInfo, make_session
 from engine.sampling import TokenLogprob
+from engine.sessions import Session, SessionStore
 from engine.stopping import FinishReason, StopChecker
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.tokenizer import Tokenizer
+
+__all__ = ["Engine", "GenerateEvent", "GenerateRequest", "GenerateResult", "Timings"]
 
 #: Special tokens that end a chat turn in the common templates.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
-@dataclass(frozen=True)
-class GenerateRequest:
-    """Exactly one of `prompt` (raw text, special tokens parsed), `messages` (chat
-    template applied) or `token_ids`."""
-
-    prompt: str | None = None
-    messages: tuple[ChatMessage, ...] | None = None
-    token_ids: tuple[int, ...] | None = None
-    options: GenerateOptions = field(default_factory=GenerateOptions)
-
-    def __post_init__(self) -> None:
-        given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]
-        if sum(given) != 1:
-            raise InvalidPromptError(
-                "a request needs exactly one of prompt, messages or token_ids "
-                f"({sum(given)} given)", hint="pass prompt='...' for raw text")
-
-
-@dataclass(frozen=True)
-class Timings:
-    ttft_ms: float
-    prefill_tok_s: float
-    decode_tok_s: float
-    total_ms: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {"ttft_ms": round(self.ttft_ms, 3), "prefill_tok_s": round(self.prefill_tok_s, 2),
-                "decode_tok_s": round(self.decode_tok_s, 2), "total_ms": round(self.total_ms, 3)}
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: FinishReason
-    prompt_tokens: int
-    timings: Timings
-    logprobs: tuple[TokenLogprob, ...] = ()
-    prefix_cache_hit_len: int = 0
-
-
-@dataclass(frozen=True)
-class GenerateEvent:
-    """One step of a stream: a token and the text that became stable with it.
-
-    The last event of a stream has `result` set (and no token).
-    """
-
-    text: str
-    token_id: int | None
-    logprob: TokenLogprob | None
-    timestamp: float
-    result: GenerateResult | None = None
+def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 class Engine:
@@ -105,6 +77,14 @@ class Engine:
         self.runner: DecodeRunner = make_runner(session, spec, self.context_length)
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
         self.fim_family: FimFamily | None = detect_fim_family(tokenizer)
+        geometry = KVGeometry.from_pairs(spec.kv_pairs)
+        page_bytes = max(geometry.page_bytes(config.kv_page_size), 1)
+        self.pool = PagePool(geometry, config.kv_page_size,
+                             max(1, config.kv_cache_bytes // page_bytes))
+        reuse = config.prefix_cache and self.runner.transfers_kv
+        self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
+        self.sessions = SessionStore(self.pool, self.prefix_cache)
+        self._slot: list[int] = []  # the tokens whose KV the runner holds
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -123,6 +103,8 @@ class Engine:
     @property
     def decode_path(self) -> str:
         return self.spec.decode_path
+
+    # --- prompts ----------------------------------------------------------------------
 
     def encode_request(self, request: GenerateRequest) -> list[int]:
         if request.token_ids is not None:
@@ -154,69 +136,6 @@ class Engine:
     def max_total(self, options: GenerateOptions) -> int:
         return min(options.max_context or self.context_length, self.context_length)
 
-    def stream(self, request: GenerateRequest,
-               cancel: threading.Event | None = None) -> Iterator[GenerateEvent]:
-        """Generate, yielding an event per token and a final event with the result."""
-        started = time.perf_counter()
-        options = request.options
-        prompt = self.encode_request(request)
-        max_total = self.max_total(options)
-        if len(prompt) >= max_total:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt)} tokens; the context holds {max_total}, leaving "
-                "no room for an answer", hint="shorten the prompt or raise max_context")
-        eos = self._stop_ids(request)
-        stopper = StopChecker(options, eos_token_ids=eos)
-        detok = self.tokenizer.detokenizer(skip_special=True)
-        single_stops = [s[0] for s in options.stop_sequences
-                        if isinstance(s, tuple) and len(s) == 1]
-        clock = LoopClock(start=started)
-        generated: list[int] = []
-        logprobs: list[TokenLogprob] = []
-        pieces: list[str] = []
-        finish: FinishReason | None = None
-        self.runner.reset()
-        try:
-            steps = generate_step(
-                self.runner, prompt, options, max_total=max_total,
-                chunk_size=self.config.prefill_chunk_size,
-                stop_token_ids=[*eos, *single_stops] if options.stop_on_eos else single_stops,
-                cancel=cancel, clock=clock)
-            for step in steps:
-                finish = stopper.check_token(step.token_id, [*generated, step.token_id])
-                if finish is not None and finish.kind == "eos_token":
-                    break
-                generated.append(step.token_id)
-                if step.logprob is not None:
-                    logprobs.append(step.logprob)
-                text = ""
-                if finish is None:
-                    text, finish = stopper.feed_text(detok.add(step.token_id))
-                pieces.append(text)
-                yield GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
-                if finish is not None:
-                    break
-                if step.context_full and len(generated) < options.max_new_tokens:
-                    finish = FinishReason("length")
-            if finish is None:
-                finish = FinishReason("cancelled" if cancel is not None and cancel.is_set()
-                                      else "max_tokens")
-            if finish.kind in ("max_tokens", "length", "cancelled"):
-                tail, _ = stopper.feed_text(detok.flush())
-                tail += stopper.flush()
-                if tail:
-                    pieces.append(tail)
-                    yield GenerateEvent(tail, None, None, time.perf_counter())
-        finally:
-            self.runner.reset()
-        ended = time.perf_counter()
-        timings = Timings(ttft_ms=clock.ttft_s * 1e3, prefill_tok_s=clock.prefill_tok_s,
-                          decode_tok_s=clock.decode_tok_s, total_ms=(ended - started) * 1e3)
-        result = GenerateResult(
-            text="".join(pieces), token_ids=tuple(generated), finish_reason=finish,
-            prompt_tokens=len(prompt), timings=timings, logprobs=tuple(logprobs))
-        yield GenerateEvent("", None, None, ended, result=result)
-
     def fim_request(
         self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
         order: FimOrder = "psm", extra_files: Sequence[FimFile] = (),
@@ -235,12 +154,190 @@ class Engine:
             options = replace(options, eos_token_ids=tuple(stops))
         return GenerateRequest(token_ids=tuple(ids), options=options)
 
+    # --- generation -------------------------------------------------------------------
+
+    def stream(self, request: GenerateRequest,
+               cancel: threading.Event | None = None) -> Iterator[GenerateEvent]:
+        """Generate, yielding an event per token and a final event with the result."""
+        started = time.perf_counter()
+        return self._stream(request, self.encode_request(request), None, cancel, started)
+
     def generate(self, request: GenerateRequest,
                  cancel: threading.Event | None = None) -> GenerateResult:
-        for event in self.stream(request, cancel):
-            if event.result is not None:
-                return event.result
-        raise AssertionError("stream ended without a result")
+        return _result_of(self.stream(request, cancel))
+
+    def _stream(self, request: GenerateRequest, prompt: list[int], session: Session | None,
+                cancel: threading.Event | None, started: float) -> Iterator[GenerateEvent]:
+        options = request.options
+        max_total = self.max_total(options)
+        if len(prompt) >= max_total:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt)} tokens; the context holds {max_total}, leaving "
+                "no room for an answer", hint="shorten the prompt or raise max_context")
+        return self._run(request, prompt, session, cancel, started, max_total)
+
+    def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
+             cancel: threading.Event | None, started: float,
+             max_total: int) -> Iterator[GenerateEvent]:
+        options = request.options
+        eos = self._stop_ids(request)
+        stopper = StopChecker(options, eos_token_ids=eos)
+        detok = self.tokenizer.detokenizer(skip_special=True)
+        single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
+        clock = LoopClock(start=started)
+        hit = self._prepare_runner(prompt, session)
+        sampled: list[int] = []  # every token the model produced, EOS included
+        logprobs: list[TokenLogprob] = []
+        pieces: list[str] = []
+        finish: FinishReason | None = None
+        try:
+            steps = generate_step(
+                self.runner, prompt, options, max_total=max_total, cached=hit,
+                chunk_size=self.config.prefill_chunk_size,
+                stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
+                cancel=cancel, clock=clock)
+            for step in steps:
+                sampled.append(step.token_id)
+                finish = stopper.check_token(step.token_id, sampled)
+                if finish is not None and finish.kind == "eos_token":
+                    break
+                if step.logprob is not None:
+                    logprobs.append(step.logprob)
+                text = ""
+                if finish is None:
+                    text, finish = stopper.feed_text(detok.add(step.token_id))
+                pieces.append(text)
+                yield GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
+                if finish is not None:
+                    break
+                if step.context_full and len(sampled) < options.max_new_tokens:
+                    finish = FinishReason("length")
+        except GeneratorExit:
+            self._finish_slot(prompt, sampled, session)  # the caller stopped listening
+            raise
+        except BaseException:
+            self._slot = []
+            self.runner.reset()
+            raise
+        self._finish_slot(prompt, sampled, session)
+        if finish is None:
+            finish = FinishReason("cancelled" if cancel is not None and cancel.is_set()
+                                  else "max_tokens")
+        if finish.kind in ("max_tokens", "length", "cancelled"):
+            tail, _ = stopper.feed_text(detok.flush())
+            tail += stopper.flush()
+            if tail:
+                pieces.append(tail)
+                yield GenerateEvent(tail, None, None, time.perf_counter())
+        ended = time.perf_counter()
+        generated = sampled[:-1] if finish.kind == "eos_token" else sampled
+        timings = Timings(ttft_ms=clock.ttft_s * 1e3, prefill_tok_s=clock.prefill_tok_s,
+                          decode_tok_s=clock.decode_tok_s, total_ms=(ended - started) * 1e3)
+        result = GenerateResult(
+            text="".join(pieces), token_ids=tuple(generated), finish_reason=finish,
+            prompt_tokens=len(prompt), timings=timings, logprobs=tuple(logprobs),
+            prefix_cache_hit_len=hit)
+        yield GenerateEvent("", None, None, ended, result=result)
+
+    # --- KV reuse ---------------------------------------------------------------------
+
+    def _prepare_runner(self, prompt: list[int], session: Session | None) -> int:
+        """Put the longest reusable prefix of `prompt` into the runner; return its length."""
+        runner, size = self.runner, self.pool.page_size
+        limit = len(prompt) - 1  # at least one prompt token always runs
+        live = common_prefix_len(self._slot, prompt, limit)
+        best, source = live, None
+        if session is not None and runner.transfers_kv and min(session.kv_len, limit) > best:
+            best, source = min(session.kv_len, limit), session.table
+        if self.prefix_cache is not None and limit - best >= size:
+            pages, _ = self.prefix_cache.lookup(prompt, limit)
+            if len(pages) * size > best:
+                best, source = len(pages) * size, PageTable(pages, len(pages) * size)
+        start = live if source is None else (live // size) * size
+        runner.rewind(runner.length - start)
+        if source is not None:
+            runner.import_kv(read_rows(self.pool, source, start, best), start)
+        self._slot = prompt[:best]
+        return best
+
+    def _finish_slot(self, prompt: list[int], sampled: list[int],
+                     session: Session | None) -> None:
+        """Record what the runner holds, save a session's new KV, index full pages."""
+        held = (prompt + sampled)[: self.runner.length]
+        self._slot = held
+        if session is not None:
+            session.tokens = prompt + sampled
+            self._save_session_kv(session, held)
+        elif self.prefix_cache is not None:
+            self._publish_pages(held)
+
+    def _save_session_kv(self, session: Session, held: list[int]) -> None:
+        if not self.runner.transfers_kv or session.kv_len >= len(held):
+            return
+        try:
+            rows = self.runner.export_kv(session.kv_len, len(held))
+            append_rows(self.pool, session.table, rows, self.prefix_cache)
+        except NoRoomError:
+            self.sessions.drop_kv(session)  # recomputed next turn; tokens are kept
+            return
+        if self.prefix_cache is not None:
+            for index, h in enumerate(self.prefix_cache.chain(held[: session.kv_len])):
+                self.prefix_cache.insert(h, session.table.pages[index])
+
+    def _publish_pages(self, held: list[int]) -> None:
+        cache, size = self.prefix_cache, self.pool.page_size
+        assert cache is not None
+        for index, h in enumerate(cache.chain(held)):
+            if cache.contains(h):
+                continue
+            page = self.pool.alloc()
+            if page is None and cache.evict(1):
+                page = self.pool.alloc()
+            if page is None:
+                return  # best effort: a full pool only means less reuse
+            self.pool.write(page, self.runner.export_kv(index * size, (index + 1) * size))
+            cache.insert(h, page)
+            release_page(self.pool, page, cache)
+
+    # --- sessions ---------------------------------------------------------------------
+
+    def create_session(self) -> int:
+        return self.sessions.create().id
+
+    def stream_in_session(self, session_id: int, request: GenerateRequest,
+                          cancel: threading.Event | None = None) -> Iterator[GenerateEvent]:
+        """Continue a session: the request's prompt is appended to its history and only
+        tokens whose KV the session lacks are prefilled."""
+        started = time.perf_counter()
+        session = self.sessions.get(session_id)
+        prompt = session.tokens + self.encode_request(request)
+        return self._stream(request, prompt, session, cancel, started)
+
+    def generate_in_session(self, session_id: int, request: GenerateRequest,
+                            cancel: threading.Event | None = None) -> GenerateResult:
+        return _result_of(self.stream_in_session(session_id, request, cancel))
+
+    def session_token_count(self, session_id: int) -> int:
+        return len(self.sessions.get(session_id).tokens)
+
+    def rewind_session(self, session_id: int, n_tokens: int) -> None:
+        """Drop the last `n_tokens` of a session (e.g. to regenerate an answer)."""
+        session = self.sessions.get(session_id)
+        if not 0 <= n_tokens <= len(session.tokens):
+            raise InvalidPromptError(
+                f"cannot rewind {n_tokens} tokens of a session holding {len(session.tokens)}",
+                hint="rewind at most session_token_count() tokens")
+        self.sessions.truncate(session, len(session.tokens) - n_tokens)
+
+    def reset_session(self, session_id: int) -> None:
+        self.sessions.truncate(self.sessions.get(session_id), 0)
+
+    def fork_session(self, session_id: int) -> int:
+        """A new session with the same history (pages shared, copied on write)."""
+        return self.sessions.fork(session_id).id
+
+    def close_session(self, session_id: int) -> None:
+        self.sessions.close(session_id)
 
     def describe(self) -> Mapping[str, object]:
         return {"model": str(self.model.path), "provider": self.provider,
@@ -248,5 +345,8 @@ class Engine:
                 "context_length": self.context_length}
 
 
-def messages_from_pairs(pairs: Sequence[tuple[str, str]]) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(role=role, content=content) for role, content in pairs)
+def _result_of(events: Iterator[GenerateEvent]) -> GenerateResult:
+    for event in events:
+        if event.result is not None:
+            return event.result
+    raise AssertionError("stream ended without a result")

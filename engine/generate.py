@@ -68,6 +68,7 @@ def generate_step(
     *,
     max_total: int,
     chunk_size: int,
+    cached: int = 0,
     stop_token_ids: Sequence[int] = (),
     sampler: Sampler | None = None,
     cancel: threading.Event | None = None,
@@ -75,9 +76,9 @@ def generate_step(
 ) -> Iterator[StepOutput]:
     """Yield up to `options.max_new_tokens` tokens, never more than fit in `max_total`.
 
-    The runner must hold no tokens of this request yet; the caller stops consuming when a
-    stop condition holds. The last token is never fed to the model, so a full context
-    costs no extra forward pass.
+    The runner must hold exactly the KV of `prompt_ids[:cached]` (reused from a cache);
+    the rest is prefilled. The caller stops consuming when a stop condition holds. The
+    last token is never fed to the model, so a full context costs no extra forward pass.
     """
     clock = clock or LoopClock()
     clock.start = clock.start or time.perf_counter()
@@ -89,8 +90,9 @@ def generate_step(
     fast_greedy = options.is_greedy and not chain and not want_logprobs
     top_n = options.top_logprobs or 0
 
-    logits = prefill(runner, prompt_ids, chunk_size, cancel)
-    clock.prefill_tokens = len(prompt_ids)
+    assert runner.length == cached < len(prompt_ids), "the runner must hold the cached prefix"
+    logits = prefill(runner, prompt_ids[cached:], chunk_size, cancel)
+    clock.prefill_tokens = len(prompt_ids) - cached
     total = len(prompt_ids)
     for index in range(options.max_new_tokens):
         if cancel is not None and cancel.is_set():

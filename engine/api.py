@@ -1,0 +1,67 @@
+"""Requests, results and stream events: the engine's boundary types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import GenerateOptions
+from engine.errors import InvalidPromptError
+from engine.sampling import TokenLogprob
+from engine.stopping import FinishReason
+from engine.tokenizer import ChatMessage
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Exactly one of `prompt` (raw text, special tokens parsed), `messages` (chat
+    template applied) or `token_ids`."""
+
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    options: GenerateOptions = field(default_factory=GenerateOptions)
+
+    def __post_init__(self) -> None:
+        given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]
+        if sum(given) != 1:
+            raise InvalidPromptError(
+                "a request needs exactly one of prompt, messages or token_ids "
+                f"({sum(given)} given)", hint="pass prompt='...' for raw text")
+
+
+@dataclass(frozen=True)
+class Timings:
+    ttft_ms: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    total_ms: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"ttft_ms": round(self.ttft_ms, 3), "prefill_tok_s": round(self.prefill_tok_s, 2),
+                "decode_tok_s": round(self.decode_tok_s, 2), "total_ms": round(self.total_ms, 3)}
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    timings: Timings
+    logprobs: tuple[TokenLogprob, ...] = ()
+    #: Prompt tokens whose KV was reused instead of computed.
+    prefix_cache_hit_len: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateEvent:
+    """One step of a stream: a token and the text that became stable with it.
+
+    The last event of a stream has `result` set (and no token).
+    """
+
+    text: str
+    token_id: int | None
+    logprob: TokenLogprob | None
+    timestamp: float
+    result: GenerateResult | None = None
