@@ -126,8 +126,9 @@ class EngineConfig:
     provider: str = "auto"
     #: None = the machine's physical cores.
     intra_op_threads: int | None = None
-    #: ORT thread spinning burns idle CPU; off by default for a desktop app.
-    allow_spinning: bool = False
+    #: How long idle ORT threads spin before they sleep, in microseconds: 0 = never spin
+    #: (a desktop app must not burn idle CPU), None = ONNX Runtime's own default.
+    spin_duration_us: int | None = 0
     #: Prompt tokens per prefill forward.
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
@@ -146,6 +147,9 @@ class EngineConfig:
         if self.intra_op_threads is not None:
             _check_int("intra_op_threads", self.intra_op_threads, minimum=1,
                        hint="leave unset to use the physical cores")
+        if self.spin_duration_us is not None:
+            _check_int("spin_duration_us", self.spin_duration_us, minimum=0,
+                       hint="0 turns spinning off; leave unset for ONNX Runtime's default")
         _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")

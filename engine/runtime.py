@@ -106,9 +106,12 @@ def make_session(model_file: Path, config: EngineConfig) -> tuple[Any, SessionIn
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    spin = "1" if config.allow_spinning else "0"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    spin = config.spin_duration_us
+    for pool in ("intra_op", "inter_op"):
+        options.add_session_config_entry(f"session.{pool}.allow_spinning",
+                                         "0" if spin == 0 else "1")
+        if spin:  # a bounded spin keeps ops fast inside a run yet idles within `spin` µs
+            options.add_session_config_entry(f"session.{pool}.spin_duration_us", str(spin))
     options.log_severity_level = 3
     try:
         session = ort.InferenceSession(str(model_file), options, providers=providers)
