@@ -1,0 +1,111 @@
+"""Int8 quantization of KV blocks that leave the device (host RAM and disk tiers).
+
+One symmetric scale per head: ``scale[h] = max|x[h]| / 127`` and
+``q = round(x / scale)`` in ``[-127, 127]``. A block of ``[heads, tokens, head_dim]``
+costs ``heads * tokens * head_dim`` bytes of data plus ``4 * heads`` bytes of scales;
+:attr:`QuantizedKV.nbytes` counts both, and that is what the memory accounting uses.
+The error is bounded by half a step: ``|x - dequant(q)| <= scale[h] / 2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["QuantizedKV", "dequantize_int8", "quantization_error", "quantize_int8"]
+
+_QMAX = 127.0
+_FLOAT_DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class QuantizedKV:
+    """One int8 KV block: ``data`` [heads, tokens, head_dim], ``scales`` [heads].
+
+    ``dtype`` is the dtype the block had before quantization ("float32" or "float16");
+    :func:`dequantize_int8` returns that dtype.
+    """
+
+    data: np.ndarray
+    scales: np.ndarray
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this block holds: int8 data plus float32 scales."""
+        return int(self.data.nbytes + self.scales.nbytes)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        heads, tokens, head_dim = self.data.shape
+        return int(heads), int(tokens), int(head_dim)
+
+
+def _check_kv(kv: np.ndarray) -> None:
+    if not isinstance(kv, np.ndarray) or kv.ndim != 3:
+        got = f"ndim={kv.ndim}" if isinstance(kv, np.ndarray) else type(kv).__name__
+        raise ValueError(
+            f"KV block: expected a 3-D array [heads, tokens, head_dim], got {got}; "
+            "pass one KV tensor of one sequence without its batch axis"
+        )
+    if kv.dtype.name not in _FLOAT_DTYPES:
+        raise ValueError(
+            f"KV block: expected dtype float32 or float16, got {kv.dtype.name}; "
+            "only floating-point KV can be quantized"
+        )
+
+
+def quantize_int8(kv: np.ndarray) -> QuantizedKV:
+    """Quantize ``kv`` [heads, tokens, head_dim] (float32/float16) to int8, one scale per head.
+
+    An all-zero head gets scale 0 and dequantizes to exact zeros. Raises ``ValueError`` on
+    a malformed array or on NaN/inf values (their scale would poison the whole head).
+    """
+    _check_kv(kv)
+    x = kv.astype(np.float32, copy=False)
+    # max|x| as max(max, -min): two reductions, no |x| temporary.
+    absmax = np.maximum(
+        np.max(x, axis=(1, 2), initial=-np.inf), -np.min(x, axis=(1, 2), initial=np.inf)
+    )
+    absmax = np.maximum(absmax, 0.0)  # empty heads reduce to -inf
+    if not np.all(np.isfinite(absmax)):
+        raise ValueError(
+            "KV block: found NaN or inf values; non-finite KV cannot be quantized "
+            "(keep such blocks unquantized or recompute them)"
+        )
+    scales = (absmax / _QMAX).astype(np.float32)
+    inverse = np.divide(
+        np.float32(1.0), scales, out=np.zeros_like(scales), where=scales > 0
+    )
+    scaled = x * inverse[:, None, None]
+    np.rint(scaled, out=scaled)
+    # |x| * (1/scale) can round to 127.00001; clip keeps it in range.
+    np.clip(scaled, -_QMAX, _QMAX, out=scaled)
+    return QuantizedKV(data=scaled.astype(np.int8), scales=scales, dtype=kv.dtype.name)
+
+
+def dequantize_int8(q: QuantizedKV) -> np.ndarray:
+    """Return the block in its original dtype: ``data * scale[head]``."""
+    out = q.data.astype(np.float32)
+    out *= q.scales[:, None, None]
+    return out if q.dtype == "float32" else out.astype(q.dtype)
+
+
+def quantization_error(kv: np.ndarray) -> dict[str, float]:
+    """Round-trip ``kv`` through int8 and report what it costs.
+
+    Keys: ``max_abs_error``, ``mean_abs_error``, ``relative_error`` (the error's L2 norm
+    over the block's L2 norm; 0 for an all-zero block), ``raw_bytes``, ``quantized_bytes``.
+    """
+    q = quantize_int8(kv)
+    x = kv.astype(np.float64)
+    err = np.abs(dequantize_int8(q).astype(np.float64) - x)
+    norm = float(np.linalg.norm(x))
+    return {
+        "max_abs_error": float(err.max(initial=0.0)),
+        "mean_abs_error": float(err.mean()) if err.size else 0.0,
+        "relative_error": float(np.linalg.norm(err)) / norm if norm > 0 else 0.0,
+        "raw_bytes": float(kv.nbytes),
+        "quantized_bytes": float(q.nbytes),
+    }
