@@ -120,6 +120,25 @@ class GenerateOptions:
 
 
 @dataclass(frozen=True)
+class KVStoreConfig:
+    """The tiered KV store (RAM then disk) that lets prefixes survive restarts."""
+
+    chunk_tokens: int = 64
+    ram_bytes: int = 256 * 1024 * 1024
+    disk_bytes: int = 2 * 1024 * 1024 * 1024
+    #: None = the user cache dir.
+    disk_dir: str | None = None
+    #: int8 chunks (4x smaller, lossy) or exact copies; None = int8 only for KV that
+    #: leaves a GPU, exact on the CPU, where reuse must stay token-identical.
+    quantize: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("chunk_tokens", self.chunk_tokens, minimum=1, hint="e.g. 64")
+        _check_int("ram_bytes", self.ram_bytes, minimum=0, hint="0 turns the RAM tier off")
+        _check_int("disk_bytes", self.disk_bytes, minimum=0, hint="0 turns the disk tier off")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: provider, threads, buffers."""
 
@@ -139,6 +158,8 @@ class EngineConfig:
     kv_page_size: int = 32
     #: Bytes the page pool (prefix cache + sessions' KV) may hold.
     kv_cache_bytes: int = 512 * 1024 * 1024
+    #: Tiered KV store for prefixes across requests and restarts; off unless given.
+    kv_store: KVStoreConfig | None = None
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

@@ -7,9 +7,10 @@ prefixes from the prefix cache or its session's pages, and prefills only the res
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,18 @@ from engine.kv_cache import (
     read_rows,
     release_page,
 )
+from engine.kv_tiers import KVTiers, model_identity
 from engine.model_dir import ModelDir, load_model_dir
 from engine.runtime import SessionInfo, make_session
 from engine.sampling import TokenLogprob
 from engine.sessions import Session, SessionStore
 from engine.stopping import FinishReason, StopChecker
 from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+#: A stream of events; closing it early (a client went away) keeps the engine consistent.
+EventStream = Generator[GenerateEvent, None, None]
 
 __all__ = ["Engine", "GenerateEvent", "GenerateRequest", "GenerateResult", "Timings"]
 
@@ -84,6 +91,12 @@ class Engine:
         reuse = config.prefix_cache and self.runner.transfers_kv
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
+        self.kv_tiers: KVTiers | None = None
+        if config.kv_store is not None and self.runner.transfers_kv:
+            kv_dtype = spec.kv_pairs[0].dtype
+            self.kv_tiers = KVTiers(config.kv_store,
+                                    model_identity(model, session_info.provider, kv_dtype),
+                                    on_gpu=session_info.provider in ("cuda", "directml"))
         self._slot: list[int] = []  # the tokens whose KV the runner holds
 
     @classmethod
@@ -157,7 +170,7 @@ class Engine:
     # --- generation -------------------------------------------------------------------
 
     def stream(self, request: GenerateRequest,
-               cancel: threading.Event | None = None) -> Iterator[GenerateEvent]:
+               cancel: threading.Event | None = None) -> EventStream:
         """Generate, yielding an event per token and a final event with the result."""
         started = time.perf_counter()
         return self._stream(request, self.encode_request(request), None, cancel, started)
@@ -167,7 +180,7 @@ class Engine:
         return _result_of(self.stream(request, cancel))
 
     def _stream(self, request: GenerateRequest, prompt: list[int], session: Session | None,
-                cancel: threading.Event | None, started: float) -> Iterator[GenerateEvent]:
+                cancel: threading.Event | None, started: float) -> EventStream:
         options = request.options
         max_total = self.max_total(options)
         if len(prompt) >= max_total:
@@ -178,7 +191,7 @@ class Engine:
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
              cancel: threading.Event | None, started: float,
-             max_total: int) -> Iterator[GenerateEvent]:
+             max_total: int) -> EventStream:
         options = request.options
         eos = self._stop_ids(request)
         stopper = StopChecker(options, eos_token_ids=eos)
@@ -253,6 +266,15 @@ class Engine:
             pages, _ = self.prefix_cache.lookup(prompt, limit)
             if len(pages) * size > best:
                 best, source = len(pages) * size, PageTable(pages, len(pages) * size)
+        tiers = self.kv_tiers
+        if tiers is not None and limit - best >= tiers.chunk:
+            keys = tiers.available(prompt, limit)
+            if len(keys) * tiers.chunk > best:
+                start = (live // tiers.chunk) * tiers.chunk
+                runner.rewind(runner.length - start)
+                best = tiers.fetch_into(runner, keys, start)
+                self._slot = prompt[:best]
+                return best
         start = live if source is None else (live // size) * size
         runner.rewind(runner.length - start)
         if source is not None:
@@ -270,6 +292,11 @@ class Engine:
             self._save_session_kv(session, held)
         elif self.prefix_cache is not None:
             self._publish_pages(held)
+        if self.kv_tiers is not None:
+            try:
+                self.kv_tiers.save_from(self.runner, held)
+            except Exception:  # the store is best effort: never fail a finished request
+                log.exception("storing KV chunks failed; later requests recompute them")
 
     def _save_session_kv(self, session: Session, held: list[int]) -> None:
         if not self.runner.transfers_kv or session.kv_len >= len(held):
@@ -305,7 +332,7 @@ class Engine:
         return self.sessions.create().id
 
     def stream_in_session(self, session_id: int, request: GenerateRequest,
-                          cancel: threading.Event | None = None) -> Iterator[GenerateEvent]:
+                          cancel: threading.Event | None = None) -> EventStream:
         """Continue a session: the request's prompt is appended to its history and only
         tokens whose KV the session lacks are prefilled."""
         started = time.perf_counter()
@@ -338,6 +365,11 @@ class Engine:
 
     def close_session(self, session_id: int) -> None:
         self.sessions.close(session_id)
+
+    def close(self) -> None:
+        """Release what outlives requests (the KV store's files stay for the next start)."""
+        if self.kv_tiers is not None:
+            self.kv_tiers.close()
 
     def describe(self) -> Mapping[str, object]:
         return {"model": str(self.model.path), "provider": self.provider,
