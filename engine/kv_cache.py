@@ -38,6 +38,11 @@ class KVGeometry:
     def page_bytes(self, page_size: int) -> int:
         return self.bytes_per_token * page_size
 
+    def int8_page_bytes(self, page_size: int) -> int:
+        """A page moved off the device as int8: one byte per value plus a float32 scale
+        per head (engine.kv_quant)."""
+        return sum(h * d * page_size + 4 * h for h, d, _ in self.shapes)
+
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     """Hash of a full block chained to its parent: equal hash => equal token prefix."""

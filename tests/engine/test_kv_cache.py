@@ -99,3 +99,12 @@ def test_shared_partial_page_is_copied_on_write():
         np.testing.assert_array_equal(got, want)  # a's rows are untouched
     truncate_table(pool, b, 0)
     assert pool.refcount(a.pages[0]) == 1
+
+
+def test_int8_page_bytes_match_the_quantized_rows():
+    from engine.kv_quant import quantize_int8
+
+    rows = _rows(MIXED, 8)
+    quantized = [quantize_int8(r) for r in rows]
+    assert sum(q.nbytes for q in quantized) == MIXED.int8_page_bytes(8)
+    assert MIXED.int8_page_bytes(8) < MIXED.page_bytes(8) / 1.5
