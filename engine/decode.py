@@ -8,6 +8,7 @@ in place, because Python overhead per step is what separates a loop from a C++ p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,8 @@ class DecodeRunner(ABC):
         self.spec = spec
         self.context_length = context_length
         self.length = 0
+        #: The token ids whose KV the runner holds (len == length).
+        self.tokens: list[int] = []
         self._vocab = spec.vocab_size
         self._logits_dtype = np.float16 if spec.logits_dtype == "float16" else np.float32
 
@@ -67,6 +70,7 @@ class DecodeRunner(ABC):
             raise ValueError("this graph outputs last-token logits only")
         logits = self._run(token_ids, n)
         self.length += n
+        self.tokens.extend(int(t) for t in token_ids)
         rows = logits.reshape(-1, self._vocab)
         if rows.dtype != np.float32:
             rows = rows.astype(np.float32)
@@ -77,6 +81,7 @@ class DecodeRunner(ABC):
         if n < 0 or n > self.length:
             raise ValueError(f"cannot rewind {n} of {self.length} tokens")
         self.length -= n
+        del self.tokens[self.length:]
         self._after_rewind()
 
     def reset(self) -> None:
@@ -91,15 +96,19 @@ class DecodeRunner(ABC):
             raise ValueError(f"cannot export rows {start}..{end} of {self.length}")
         return [np.array(view[:, start:end]) for view in self._kv_views()]
 
-    def import_kv(self, rows: list[np.ndarray], at: int) -> None:
-        """Make rows `[at, at + n)` hold `rows`; the cache then holds `at + n` tokens."""
+    def import_kv(self, rows: list[np.ndarray], at: int, token_ids: Sequence[int]) -> None:
+        """Make rows `[at, at + n)` hold `rows`, the KV of `token_ids`."""
         if not 0 <= at <= self.length:
             raise ValueError(f"cannot import at {at}: only {self.length} rows are cached")
         n = rows[0].shape[1] if rows else 0
+        if len(token_ids) != n:
+            raise ValueError(f"{n} rows of KV for {len(token_ids)} tokens")
         self.reserve(at + n)
         self.length = at
+        del self.tokens[at:]
         self._write_kv(rows, at)
         self.length = at + n
+        self.tokens.extend(token_ids)
 
     def _kv_views(self) -> list[np.ndarray]:
         """Per-pair `[heads, capacity, head_dim]` views of the live KV."""

@@ -28,7 +28,6 @@ from engine.fim import (
     fim_stop_token_ids,
     require_fim,
 )
-from engine.generate import LoopClock, generate_step
 from engine.io_spec import IOSpec, resolve_io
 from engine.kv_cache import (
     KVGeometry,
@@ -42,10 +41,9 @@ from engine.kv_cache import (
 )
 from engine.kv_tiers import KVTiers, model_identity
 from engine.model_dir import ModelDir, load_model_dir
+from engine.request import RequestRun
 from engine.runtime import SessionInfo, make_session
-from engine.sampling import TokenLogprob
 from engine.sessions import Session, SessionStore
-from engine.stopping import FinishReason, StopChecker
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,7 +95,6 @@ class Engine:
             self.kv_tiers = KVTiers(config.kv_store,
                                     model_identity(model, session_info.provider, kv_dtype),
                                     on_gpu=session_info.provider in ("cuda", "directml"))
-        self._slot: list[int] = []  # the tokens whose KV the runner holds
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -181,84 +178,52 @@ class Engine:
 
     def _stream(self, request: GenerateRequest, prompt: list[int], session: Session | None,
                 cancel: threading.Event | None, started: float) -> EventStream:
-        options = request.options
+        self.check_fits(prompt, request.options)
+        return self._run(request, prompt, session, cancel, started)
+
+    def check_fits(self, prompt: list[int], options: GenerateOptions) -> None:
         max_total = self.max_total(options)
         if len(prompt) >= max_total:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; the context holds {max_total}, leaving "
                 "no room for an answer", hint="shorten the prompt or raise max_context")
-        return self._run(request, prompt, session, cancel, started, max_total)
+
+    def start_run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
+                  cancel: threading.Event | None, started: float,
+                  runner: DecodeRunner | None = None) -> RequestRun:
+        """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
+        runner = runner or self.runner
+        cached = self._prepare_runner(runner, prompt, session)
+        return RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
+                          eos=self._stop_ids(request), max_total=self.max_total(request.options),
+                          chunk_size=self.config.prefill_chunk_size, cached=cached,
+                          cancel=cancel, started=started)
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
-             cancel: threading.Event | None, started: float,
-             max_total: int) -> EventStream:
-        options = request.options
-        eos = self._stop_ids(request)
-        stopper = StopChecker(options, eos_token_ids=eos)
-        detok = self.tokenizer.detokenizer(skip_special=True)
-        single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
-        clock = LoopClock(start=started)
-        hit = self._prepare_runner(prompt, session)
-        sampled: list[int] = []  # every token the model produced, EOS included
-        logprobs: list[TokenLogprob] = []
-        pieces: list[str] = []
-        finish: FinishReason | None = None
+             cancel: threading.Event | None, started: float) -> EventStream:
+        run = self.start_run(request, prompt, session, cancel, started)
         try:
-            steps = generate_step(
-                self.runner, prompt, options, max_total=max_total, cached=hit,
-                chunk_size=self.config.prefill_chunk_size,
-                stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
-                cancel=cancel, clock=clock)
-            for step in steps:
-                sampled.append(step.token_id)
-                finish = stopper.check_token(step.token_id, sampled)
-                if finish is not None and finish.kind == "eos_token":
-                    break
-                if step.logprob is not None:
-                    logprobs.append(step.logprob)
-                text = ""
-                if finish is None:
-                    text, finish = stopper.feed_text(detok.add(step.token_id))
-                pieces.append(text)
-                yield GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
-                if finish is not None:
-                    break
-                if step.context_full and len(sampled) < options.max_new_tokens:
-                    finish = FinishReason("length")
+            while not run.finished:
+                event = run.advance()
+                if event is not None:
+                    yield event
         except GeneratorExit:
-            self._finish_slot(prompt, sampled, session)  # the caller stopped listening
+            self.end_run(run, session)  # the caller stopped listening
             raise
         except BaseException:
-            self._slot = []
-            self.runner.reset()
+            run.runner.reset()
             raise
-        self._finish_slot(prompt, sampled, session)
-        if finish is None:
-            finish = FinishReason("cancelled" if cancel is not None and cancel.is_set()
-                                  else "max_tokens")
-        if finish.kind in ("max_tokens", "length", "cancelled"):
-            tail, _ = stopper.feed_text(detok.flush())
-            tail += stopper.flush()
-            if tail:
-                pieces.append(tail)
-                yield GenerateEvent(tail, None, None, time.perf_counter())
-        ended = time.perf_counter()
-        generated = sampled[:-1] if finish.kind == "eos_token" else sampled
-        timings = Timings(ttft_ms=clock.ttft_s * 1e3, prefill_tok_s=clock.prefill_tok_s,
-                          decode_tok_s=clock.decode_tok_s, total_ms=(ended - started) * 1e3)
-        result = GenerateResult(
-            text="".join(pieces), token_ids=tuple(generated), finish_reason=finish,
-            prompt_tokens=len(prompt), timings=timings, logprobs=tuple(logprobs),
-            prefix_cache_hit_len=hit)
-        yield GenerateEvent("", None, None, ended, result=result)
+        self.end_run(run, session)
+        yield from run.closing_events()
 
     # --- KV reuse ---------------------------------------------------------------------
 
-    def _prepare_runner(self, prompt: list[int], session: Session | None) -> int:
-        """Put the longest reusable prefix of `prompt` into the runner; return its length."""
-        runner, size = self.runner, self.pool.page_size
+    def _prepare_runner(self, runner: DecodeRunner, prompt: list[int],
+                        session: Session | None) -> int:
+        """Put the longest reusable prefix of `prompt` into `runner`; return its length."""
+        size = self.pool.page_size
         limit = len(prompt) - 1  # at least one prompt token always runs
-        live = common_prefix_len(self._slot, prompt, limit)
+        live = common_prefix_len(runner.tokens, prompt, limit)
         best, source = live, None
         if session is not None and runner.transfers_kv and min(session.kv_len, limit) > best:
             best, source = min(session.kv_len, limit), session.table
@@ -272,37 +237,34 @@ class Engine:
             if len(keys) * tiers.chunk > best:
                 start = (live // tiers.chunk) * tiers.chunk
                 runner.rewind(runner.length - start)
-                best = tiers.fetch_into(runner, keys, start)
-                self._slot = prompt[:best]
-                return best
+                return tiers.fetch_into(runner, prompt, keys, start)
         start = live if source is None else (live // size) * size
         runner.rewind(runner.length - start)
         if source is not None:
-            runner.import_kv(read_rows(self.pool, source, start, best), start)
-        self._slot = prompt[:best]
+            rows = read_rows(self.pool, source, start, best)
+            runner.import_kv(rows, start, prompt[start:best])
         return best
 
-    def _finish_slot(self, prompt: list[int], sampled: list[int],
-                     session: Session | None) -> None:
-        """Record what the runner holds, save a session's new KV, index full pages."""
-        held = (prompt + sampled)[: self.runner.length]
-        self._slot = held
+    def end_run(self, run: RequestRun, session: Session | None) -> None:
+        """Save a session's new KV and history, index full pages, store chunks."""
+        runner = run.runner
         if session is not None:
-            session.tokens = prompt + sampled
-            self._save_session_kv(session, held)
+            session.tokens = run.prompt + run.sampled
+            self._save_session_kv(runner, session)
         elif self.prefix_cache is not None:
-            self._publish_pages(held)
+            self._publish_pages(runner)
         if self.kv_tiers is not None:
             try:
-                self.kv_tiers.save_from(self.runner, held)
+                self.kv_tiers.save_from(runner, runner.tokens)
             except Exception:  # the store is best effort: never fail a finished request
                 log.exception("storing KV chunks failed; later requests recompute them")
 
-    def _save_session_kv(self, session: Session, held: list[int]) -> None:
-        if not self.runner.transfers_kv or session.kv_len >= len(held):
+    def _save_session_kv(self, runner: DecodeRunner, session: Session) -> None:
+        held = runner.tokens
+        if not runner.transfers_kv or session.kv_len >= len(held):
             return
         try:
-            rows = self.runner.export_kv(session.kv_len, len(held))
+            rows = runner.export_kv(session.kv_len, len(held))
             append_rows(self.pool, session.table, rows, self.prefix_cache)
         except NoRoomError:
             self.sessions.drop_kv(session)  # recomputed next turn; tokens are kept
@@ -311,10 +273,10 @@ class Engine:
             for index, h in enumerate(self.prefix_cache.chain(held[: session.kv_len])):
                 self.prefix_cache.insert(h, session.table.pages[index])
 
-    def _publish_pages(self, held: list[int]) -> None:
+    def _publish_pages(self, runner: DecodeRunner) -> None:
         cache, size = self.prefix_cache, self.pool.page_size
         assert cache is not None
-        for index, h in enumerate(cache.chain(held)):
+        for index, h in enumerate(cache.chain(runner.tokens)):
             if cache.contains(h):
                 continue
             page = self.pool.alloc()
@@ -322,7 +284,7 @@ class Engine:
                 page = self.pool.alloc()
             if page is None:
                 return  # best effort: a full pool only means less reuse
-            self.pool.write(page, self.runner.export_kv(index * size, (index + 1) * size))
+            self.pool.write(page, runner.export_kv(index * size, (index + 1) * size))
             cache.insert(h, page)
             release_page(self.pool, page, cache)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,73 +46,78 @@ class StepOutput:
     context_full: bool
 
 
-def prefill(runner: DecodeRunner, token_ids: Sequence[int], chunk_size: int,
-            cancel: threading.Event | None = None) -> np.ndarray:
-    """Run the prompt in chunks of `chunk_size`; return the last position's logits."""
-    ids = np.asarray(token_ids, dtype=np.int64)
-    logits: np.ndarray | None = None
-    for start in range(0, len(ids), chunk_size):
-        if cancel is not None and cancel.is_set():
-            break
-        logits = runner.forward(ids[start:start + chunk_size])
-    if logits is None:
-        raise ValueError("prefill needs at least one token")
-    return logits
+class TokenSequence:
+    """One request's token loop as steps a scheduler can interleave or batch.
 
-
-def generate_step(
-    runner: DecodeRunner,
-    prompt_ids: Sequence[int],
-    options: GenerateOptions,
-    *,
-    max_total: int,
-    chunk_size: int,
-    cached: int = 0,
-    stop_token_ids: Sequence[int] = (),
-    sampler: Sampler | None = None,
-    cancel: threading.Event | None = None,
-    clock: LoopClock | None = None,
-) -> Iterator[StepOutput]:
-    """Yield up to `options.max_new_tokens` tokens, never more than fit in `max_total`.
-
-    The runner must hold exactly the KV of `prompt_ids[:cached]` (reused from a cache);
-    the rest is prefilled. The caller stops consuming when a stop condition holds. The
-    last token is never fed to the model, so a full context costs no extra forward pass.
+    The runner must hold exactly the KV of `prompt_ids[:cached]` (reused from a cache).
+    `prefill_chunk()` runs the rest of the prompt a chunk at a time and, after the last
+    chunk, samples the first token; then each decode step feeds `pending` and hands the
+    logits to `accept()`. The last token is never fed to the model, so a full context costs
+    no extra forward pass.
     """
-    clock = clock or LoopClock()
-    clock.start = clock.start or time.perf_counter()
-    runner.reserve(min(max_total, len(prompt_ids) + options.max_new_tokens))
-    chain = make_logits_processors(options, stop_token_ids=stop_token_ids)
-    sampler = sampler or make_sampler(options)
-    context = ProcessorContext(prompt_ids=list(prompt_ids), generated_ids=[])
-    want_logprobs = options.top_logprobs is not None
-    fast_greedy = options.is_greedy and not chain and not want_logprobs
-    top_n = options.top_logprobs or 0
 
-    assert runner.length == cached < len(prompt_ids), "the runner must hold the cached prefix"
-    logits = prefill(runner, prompt_ids[cached:], chunk_size, cancel)
-    clock.prefill_tokens = len(prompt_ids) - cached
-    total = len(prompt_ids)
-    for index in range(options.max_new_tokens):
-        if cancel is not None and cancel.is_set():
-            return
-        if fast_greedy:
-            token = int(np.argmax(logits))
-            logprob = None
+    def __init__(self, runner: DecodeRunner, prompt_ids: Sequence[int],
+                 options: GenerateOptions, *, max_total: int, chunk_size: int,
+                 cached: int = 0, stop_token_ids: Sequence[int] = (),
+                 sampler: Sampler | None = None, clock: LoopClock | None = None) -> None:
+        assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
+        self.runner = runner
+        self.options = options
+        self.clock = clock or LoopClock()
+        self.clock.start = self.clock.start or time.perf_counter()
+        self.clock.prefill_tokens = len(prompt_ids) - cached
+        runner.reserve(min(max_total, len(prompt_ids) + options.max_new_tokens))
+        self._ids = np.asarray(prompt_ids, dtype=np.int64)
+        self._next = cached
+        self._chunk = chunk_size
+        self._max_total = max_total
+        self._total = len(prompt_ids)
+        self._chain = make_logits_processors(options, stop_token_ids=stop_token_ids)
+        self._sampler = sampler or make_sampler(options)
+        self._context = ProcessorContext(prompt_ids=list(prompt_ids), generated_ids=[])
+        self._top_n = options.top_logprobs
+        self._fast_greedy = options.is_greedy and not self._chain and self._top_n is None
+        self.generated = 0
+        self.done = False
+        #: The sampled token the model has not seen yet (the next decode input).
+        self.pending: int | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self._next < len(self._ids)
+
+    def prefill_chunk(self) -> StepOutput | None:
+        end = min(self._next + self._chunk, len(self._ids))
+        logits = self.runner.forward(self._ids[self._next:end])
+        self._next = end
+        return None if self.prefilling else self.accept(logits)
+
+    def decode(self) -> StepOutput:
+        """Feed `pending` on this sequence's runner alone and sample the next token."""
+        assert self.pending is not None and not self.done
+        return self.accept(self.runner.forward(np.array([self.pending], dtype=np.int64)))
+
+    def accept(self, logits: np.ndarray) -> StepOutput:
+        """Sample from the logits of the last position fed."""
+        if self._fast_greedy:
+            token, logprob = int(np.argmax(logits)), None
         else:
-            processed = apply_processors(logits, chain, context) if chain else logits
-            token = sampler(processed, context)
-            logprob = token_logprob(processed, token, top_n) if want_logprobs else None
-        total += 1
+            processed = apply_processors(logits, self._chain, self._context) \
+                if self._chain else logits
+            token = self._sampler(processed, self._context)
+            logprob = (token_logprob(processed, token, self._top_n)
+                       if self._top_n is not None else None)
         now = time.perf_counter()
-        if index == 0:
-            clock.first_token = now
+        if self.generated == 0:
+            self.clock.first_token = now
         else:
-            clock.steps += 1
-        clock.last_token = now
-        context.append(token)
-        full = total >= max_total
-        yield StepOutput(token, logprob, full)
-        if full or index + 1 == options.max_new_tokens:
-            return
-        logits = runner.forward(np.array([token], dtype=np.int64))
+            self.clock.steps += 1
+        self.clock.last_token = now
+        self.generated += 1
+        self._total += 1
+        self._context.append(token)
+        full = self._total >= self._max_total
+        self.done = full or self.generated == self.options.max_new_tokens
+        self.pending = None if self.done else token
+        return StepOutput(token, logprob, full)
+

@@ -55,7 +55,8 @@ class KVTiers:
             found.append(key)
         return found
 
-    def fetch_into(self, runner: DecodeRunner, keys: list[str], start: int) -> int:
+    def fetch_into(self, runner: DecodeRunner, prompt: list[int], keys: list[str],
+                   start: int) -> int:
         """Import chunks `start // chunk ..` of `keys` at `start`; return the tokens held."""
         assert start % self.chunk == 0
         at = start
@@ -63,7 +64,7 @@ class KVTiers:
             rows = self.store.get(key)  # None: evicted or corrupt since `available`
             if rows is None:
                 break
-            runner.import_kv(rows, at)
+            runner.import_kv(rows, at, prompt[at:at + self.chunk])
             at += self.chunk
         return at
 

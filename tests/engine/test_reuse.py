@@ -27,7 +27,6 @@ def pair(request, genai_model_dir, optimum_model_dir, static_model_dir):
 
 def _cold(cold, ids, n=16):
     cold.runner.reset()
-    cold._slot = []
     return _run(cold, ids, n)
 
 

@@ -1,0 +1,100 @@
+"""One request's text layer: stop checks, streaming text and the final result.
+
+`RequestRun` turns the token steps of a `TokenSequence` into `GenerateEvent`s. It does not
+drive the model: `Engine.stream` drives one run alone, the scheduler drives many at once
+(interleaved or batched). Both go through the same code, so their outputs match.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
+from engine.decode import DecodeRunner
+from engine.generate import LoopClock, StepOutput, TokenSequence
+from engine.sampling import TokenLogprob
+from engine.stopping import FinishReason, StopChecker
+from engine.tokenizer import Tokenizer
+
+
+class RequestRun:
+    def __init__(self, request: GenerateRequest, prompt: list[int], *, runner: DecodeRunner,
+                 tokenizer: Tokenizer, eos: tuple[int, ...], max_total: int, chunk_size: int,
+                 cached: int, cancel: threading.Event | None, started: float) -> None:
+        options = request.options
+        self.request = request
+        self.prompt = prompt
+        self.runner = runner
+        self.cancel = cancel
+        self.started = started
+        self.cached = cached
+        self._stopper = StopChecker(options, eos_token_ids=eos)
+        self._detok = tokenizer.detokenizer(skip_special=True)
+        single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
+        self.clock = LoopClock(start=started)
+        self.sequence = TokenSequence(
+            runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
+            stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
+            clock=self.clock)
+        #: Every token the model produced, EOS included.
+        self.sampled: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
+        self._pieces: list[str] = []
+        self.finish: FinishReason | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None or self.sequence.done or self.cancelled
+
+    def on_step(self, step: StepOutput) -> GenerateEvent | None:
+        """Account for one sampled token; the event to emit, if the token is output."""
+        self.sampled.append(step.token_id)
+        finish = self._stopper.check_token(step.token_id, self.sampled)
+        if finish is not None and finish.kind == "eos_token":
+            self.finish = finish
+            return None
+        if step.logprob is not None:
+            self._logprobs.append(step.logprob)
+        text = ""
+        if finish is None:
+            text, finish = self._stopper.feed_text(self._detok.add(step.token_id))
+        self._pieces.append(text)
+        if finish is None and step.context_full and \
+                len(self.sampled) < self.request.options.max_new_tokens:
+            finish = FinishReason("length")
+        self.finish = finish
+        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
+
+    def advance(self) -> GenerateEvent | None:
+        """Run this request alone for one step (a prefill chunk or a decode step)."""
+        seq = self.sequence
+        step = seq.prefill_chunk() if seq.prefilling else seq.decode()
+        return self.on_step(step) if step is not None else None
+
+    def closing_events(self) -> list[GenerateEvent]:
+        """The held-back text (if any) and the final event carrying the result."""
+        finish = self.finish or FinishReason("cancelled" if self.cancelled else "max_tokens")
+        events = []
+        if finish.kind in ("max_tokens", "length", "cancelled"):
+            tail, _ = self._stopper.feed_text(self._detok.flush())
+            tail += self._stopper.flush()
+            if tail:
+                self._pieces.append(tail)
+                events.append(GenerateEvent(tail, None, None, time.perf_counter()))
+        ended = time.perf_counter()
+        generated = self.sampled[:-1] if finish.kind == "eos_token" else self.sampled
+        clock = self.clock
+        timings = Timings(ttft_ms=clock.ttft_s * 1e3, prefill_tok_s=clock.prefill_tok_s,
+                          decode_tok_s=clock.decode_tok_s,
+                          total_ms=(ended - self.started) * 1e3)
+        result = GenerateResult(
+            text="".join(self._pieces), token_ids=tuple(generated), finish_reason=finish,
+            prompt_tokens=len(self.prompt), timings=timings, logprobs=tuple(self._logprobs),
+            prefix_cache_hit_len=self.cached)
+        events.append(GenerateEvent("", None, None, ended, result=result))
+        return events
