@@ -158,6 +158,8 @@ class EngineConfig:
     kv_page_size: int = 32
     #: Bytes the page pool (prefix cache + sessions' KV) may hold.
     kv_cache_bytes: int = 512 * 1024 * 1024
+    #: Sequences decoded together in one batch (the scheduler's concurrency).
+    max_batch: int = 4
     #: Tiered KV store for prefixes across requests and restarts; off unless given.
     kv_store: KVStoreConfig | None = None
 
@@ -174,6 +176,7 @@ class EngineConfig:
         _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
+        _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
         _check_int("kv_cache_bytes", self.kv_cache_bytes, minimum=0, hint="e.g. 512 MiB")
         if self.kv_max_len is not None:
             _check_int("kv_max_len", self.kv_max_len, minimum=16, hint="e.g. 4096")

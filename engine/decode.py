@@ -8,7 +8,7 @@ in place, because Python overhead per step is what separates a loop from a C++ p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,8 @@ import numpy as np
 from engine.errors import ContextOverflowError
 from engine.io_spec import IOSpec
 
-#: KV buffers grow in steps of this many tokens (never the whole context up front).
-_GROW_STEP = 64
 
-
-def _bind_array(binding: Any, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+def bind_array(binding: Any, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
     """Bind a host array (or a leading part of it) without creating an OrtValue."""
     binding.bind_input(name, "cpu", 0, array.dtype, list(shape), array.ctypes.data)
 
@@ -125,92 +122,6 @@ class DecodeRunner(ABC):
     def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray: ...
 
 
-class SharedBufferRunner(DecodeRunner):
-    """GroupQueryAttention graphs: past and present are one preallocated buffer per pair.
-
-    The mask's length is the total length; new rows land at their positions in place,
-    so a step does O(1) work outside the model and rewind just moves `length`.
-    """
-
-    path = "shared_buffer"
-
-    def __init__(self, session: Any, spec: IOSpec, context_length: int,
-                 initial_capacity: int = _GROW_STEP) -> None:
-        super().__init__(session, spec, context_length)
-        self._binding = session.io_binding()
-        self._cap = 0
-        self._kv: list[np.ndarray] = []
-        self._mask = np.ones((1, 0), dtype=np.int64)
-        self._step_ids = np.zeros((1, 1), dtype=np.int64)
-        self._step_logits = np.empty((1, 1, self._vocab), dtype=self._logits_dtype)
-        self._positions = np.arange(context_length, dtype=np.int64).reshape(1, -1)
-        self._step_bound = False
-        self._grow(min(initial_capacity, context_length))
-
-    @property
-    def capacity(self) -> int:
-        return self._cap
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(a.nbytes for a in self._kv)
-
-    def _kv_views(self) -> list[np.ndarray]:
-        return [a[0] for a in self._kv]
-
-    def reserve(self, total_tokens: int) -> None:
-        super().reserve(total_tokens)
-        if total_tokens > self._cap:
-            target = -(-total_tokens // _GROW_STEP) * _GROW_STEP
-            self._grow(min(target, self.context_length))
-
-    def _grow(self, cap: int) -> None:
-        # Copy what is cached into larger buffers and rebind them as past and present.
-        import onnxruntime as ort
-
-        new_kv = []
-        for i, pair in enumerate(self.spec.kv_pairs):
-            buf = np.zeros((1, pair.num_heads, cap, pair.head_dim), dtype=pair.dtype)
-            if self._kv:
-                buf[:, :, : self.length] = self._kv[i][:, :, : self.length]
-            value = ort.OrtValue.ortvalue_from_numpy(buf)
-            self._binding.bind_ortvalue_input(pair.input, value)
-            self._binding.bind_ortvalue_output(pair.output, value)
-            new_kv.append(buf)
-        self._kv = new_kv
-        self._cap = cap
-        self._mask = np.ones((1, cap), dtype=np.int64)
-
-    def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
-        if self.length + n > self._cap:
-            self.reserve(self.length + n)
-        b = self._binding
-        total = self.length + n
-        if n == 1:
-            if not self._step_bound:
-                _bind_array(b, self.spec.input_ids, self._step_ids, (1, 1))
-                b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
-                              [1, 1, self._vocab], self._step_logits.ctypes.data)
-                self._step_bound = True
-            self._step_ids[0, 0] = token_ids[0]
-            logits = self._step_logits
-        else:
-            ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
-            rows = 1 if self.spec.logits_last_only else n
-            logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
-            _bind_array(b, self.spec.input_ids, ids, (1, n))
-            b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
-                          [1, rows, self._vocab], logits.ctypes.data)
-            self._step_bound = False
-        if self.spec.attention_mask:
-            _bind_array(b, self.spec.attention_mask, self._mask, (1, total))
-        if self.spec.position_ids:
-            pos = self._positions[:, self.length:total]
-            _bind_array(b, self.spec.position_ids, np.ascontiguousarray(pos), (1, n))
-        self.session.run_with_iobinding(b)
-        return logits
-
-
 class GrowingRunner(DecodeRunner):
     """Graphs that concatenate past and new KV: each present OrtValue becomes the next past."""
 
@@ -262,12 +173,12 @@ class GrowingRunner(DecodeRunner):
         b = self._binding
         total = self.length + n
         ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
-        _bind_array(b, self.spec.input_ids, ids, (1, n))
+        bind_array(b, self.spec.input_ids, ids, (1, n))
         if self.spec.attention_mask:
-            _bind_array(b, self.spec.attention_mask, self._mask, (1, total))
+            bind_array(b, self.spec.attention_mask, self._mask, (1, total))
         if self.spec.position_ids:
             pos = np.ascontiguousarray(self._positions[:, self.length:total])
-            _bind_array(b, self.spec.position_ids, pos, (1, n))
+            bind_array(b, self.spec.position_ids, pos, (1, n))
         for pair, value in zip(self.spec.kv_pairs, self._past, strict=True):
             b.bind_ortvalue_input(pair.input, value)
             b.bind_output(pair.output, "cpu")
@@ -317,16 +228,16 @@ class StaticCacheRunner(DecodeRunner):
         b = self._binding
         total = self.length + n
         ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
-        _bind_array(b, self.spec.input_ids, ids, (1, n))
+        bind_array(b, self.spec.input_ids, ids, (1, n))
         self._mask[0, self.length:total] = 1
         assert self.spec.attention_mask is not None
-        _bind_array(b, self.spec.attention_mask, self._mask, (1, self._cap))
+        bind_array(b, self.spec.attention_mask, self._mask, (1, self._cap))
         if self.spec.position_ids:
             pos = np.ascontiguousarray(self._positions[:, self.length:total])
-            _bind_array(b, self.spec.position_ids, pos, (1, n))
+            bind_array(b, self.spec.position_ids, pos, (1, n))
         src, dst = self._bufs[self._current], self._bufs[1 - self._current]
         for pair, past, present in zip(self.spec.kv_pairs, src, dst, strict=True):
-            _bind_array(b, pair.input, past, past.shape)
+            bind_array(b, pair.input, past, past.shape)
             b.bind_output(pair.output, "cpu", 0, present.dtype, list(present.shape),
                           present.ctypes.data)
         rows = 1 if self.spec.logits_last_only else n
@@ -360,13 +271,16 @@ class RecomputeRunner(DecodeRunner):
         return np.asarray(logits)[:, -n:] if not self.spec.logits_last_only else logits
 
 
-RUNNERS: dict[str, type[DecodeRunner]] = {
-    "shared_buffer": SharedBufferRunner,
-    "growing": GrowingRunner,
-    "static_cache": StaticCacheRunner,
-    "recompute": RecomputeRunner,
-}
+def runner_factory(session: Any, spec: IOSpec, context_length: int,
+                   max_runners: int) -> Callable[[], DecodeRunner]:
+    """A maker of up to `max_runners` runners on one session. Shared-buffer runners are rows
+    of one KV bank, so their decode steps can run as one batch."""
+    if spec.decode_path == "shared_buffer":
+        from engine.decode_gqa import KVBank
 
-
-def make_runner(session: Any, spec: IOSpec, context_length: int) -> DecodeRunner:
-    return RUNNERS[spec.decode_path](session, spec, context_length)
+        return KVBank(session, spec, context_length, max_rows=max_runners).add_runner
+    kinds: dict[str, type[DecodeRunner]] = {
+        "growing": GrowingRunner, "static_cache": StaticCacheRunner,
+        "recompute": RecomputeRunner}
+    kind = kinds[spec.decode_path]
+    return lambda: kind(session, spec, context_length)

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
-from engine.decode import DecodeRunner, make_runner
+from engine.decode import DecodeRunner, runner_factory
 from engine.errors import ContextOverflowError, InvalidPromptError
 from engine.fim import (
     FimFamily,
@@ -79,7 +79,10 @@ class Engine:
         limit = config.kv_max_len or model.context_length
         self.context_length = min(limit, model.context_length,
                                   spec.static_max_len or model.context_length)
-        self.runner: DecodeRunner = make_runner(session, spec, self.context_length)
+        self._new_runner = runner_factory(session, spec, self.context_length,
+                                          config.max_batch)
+        #: One runner per concurrently running sequence; runner 0 serves `stream`.
+        self.runners: list[DecodeRunner] = [self._new_runner()]
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
         self.fim_family: FimFamily | None = detect_fim_family(tokenizer)
         geometry = KVGeometry.from_pairs(spec.kv_pairs)
@@ -105,6 +108,17 @@ class Engine:
                           has_gqa=model.graph.has_gqa, source=model.format)
         session, info = make_session(model.model_file, config)
         return cls(model, tokenizer, session, info, spec, config)
+
+    @property
+    def runner(self) -> DecodeRunner:
+        return self.runners[0]
+
+    def add_runner(self) -> DecodeRunner | None:
+        """Another runner for a concurrent sequence, or None at `config.max_batch`."""
+        if len(self.runners) >= self.config.max_batch:
+            return None
+        self.runners.append(self._new_runner())
+        return self.runners[-1]
 
     @property
     def provider(self) -> str:

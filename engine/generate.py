@@ -16,7 +16,7 @@ from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
 
 @dataclass
 class LoopClock:
-    """Wall-clock marks of one generation, filled in by `generate_step`."""
+    """Wall-clock marks of one generation, filled in by `TokenSequence`."""
 
     start: float = 0.0
     first_token: float = 0.0

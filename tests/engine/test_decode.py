@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from engine.config import EngineConfig, GenerateOptions
-from engine.decode import SharedBufferRunner
+from engine.decode_gqa import KVBank, SharedBufferRunner
 from engine.engine import Engine, GenerateRequest
 
 IDS = np.array([5, 17, 42, 99, 7, 300, 12, 8, 9, 10], dtype=np.int64)
@@ -62,14 +62,38 @@ def test_rewind_refuses_more_than_cached(engine):
 
 def test_shared_buffer_starts_small_and_grows_without_changing_tokens(genai_model_dir):
     engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
-    small = SharedBufferRunner(engine.session, engine.spec, engine.context_length,
-                               initial_capacity=16)
+    bank = KVBank(engine.session, engine.spec, engine.context_length, max_rows=1)
+    small = bank.add_runner(initial_capacity=16)
     assert small.capacity == 16
-    assert small.kv_bytes == 16 * engine.spec.kv_bytes_per_token
+    assert bank.nbytes == 16 * engine.spec.kv_bytes_per_token
     grown = _greedy_run(small, IDS, 40)  # 50 tokens: grows past 16 mid-generation
     assert small.capacity >= 50 and small.capacity <= engine.context_length
     engine.runner.reset()
     assert grown == _greedy_run(engine.runner, IDS, 40)
+
+
+def test_batched_decode_of_different_lengths_equals_solo_runs(genai_model_dir):
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    prompts = [IDS[:3], IDS, IDS[2:9]]
+    solo = []
+    for prompt in prompts:
+        engine.runner.reset()
+        solo.append(_greedy_run(engine.runner, prompt, 12))
+    bank = KVBank(engine.session, engine.spec, engine.context_length, max_rows=3)
+    runners = [bank.add_runner() for _ in prompts]
+    tokens = [int(np.argmax(r.forward(p))) for r, p in zip(runners, prompts, strict=True)]
+    batched = [[t] for t in tokens]
+    for _ in range(11):
+        logits = bank.forward_batch(runners, tokens)
+        tokens = [int(np.argmax(row)) for row in logits]
+        for out, t in zip(batched, tokens, strict=True):
+            out.append(t)
+    assert batched == [s[:12] for s in solo]
+    # a row left out of a step keeps its cache; others may step without it
+    runners[1].rewind(runners[1].length - len(IDS))
+    logits = bank.forward_batch([runners[0], runners[2]], [tokens[0], tokens[2]])
+    assert logits.shape[0] == 2
+    assert int(np.argmax(runners[1].forward(np.array([solo[1][0]])))) == solo[1][1]
 
 
 def test_engine_reserves_for_the_request_not_the_whole_context(genai_model_dir):
