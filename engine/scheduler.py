@@ -1,0 +1,308 @@
+"""The priority scheduler: which requests run, step by step, on the engine thread.
+
+Requests arrive from any thread (`submit`) and are taken between steps. Each step runs
+one prompt chunk of the most urgent request that is still prefilling and one decode step
+for every request that is generating — as one batched ONNX Runtime run when the runners
+share a KV bank (GroupQueryAttention graphs), else one after the other. A high-priority
+request that is prefilling runs alone, so an editor's completion does not wait behind a
+chat. When all runners are busy, a more urgent request preempts the least urgent one: its
+KV is copied to pages (swap) and copied back when it resumes, so nothing is recomputed
+and its output is the same as if it had run alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from engine.api import GenerateEvent, GenerateRequest
+from engine.decode import DecodeRunner
+from engine.decode_gqa import SharedBufferRunner
+from engine.engine import Engine, common_prefix_len
+from engine.errors import CancelledError, EngineError, InvalidOptionError
+from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
+from engine.request import RequestRun
+from engine.sessions import Session
+
+log = logging.getLogger(__name__)
+
+Priority = Literal["low", "normal", "high"]
+_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+
+#: Receives a ticket's events, then its result event; or the error that ended it.
+Sink = Callable[[GenerateEvent | BaseException], None]
+
+
+@dataclass(eq=False)
+class Ticket:
+    id: int
+    request: GenerateRequest
+    priority: Priority
+    session_id: int | None
+    cancel: threading.Event
+    sink: Sink
+    submitted: float
+    run: RequestRun | None = None
+    #: KV of a preempted run, parked in pages until it resumes.
+    parked: PageTable | None = None
+    preemptions: int = 0
+    done: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        return (_RANK[self.priority], self.submitted)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[Ticket] = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self.waiting: list[Ticket] = []
+        self.active: dict[int, Ticket] = {}  # runner index -> ticket
+        self.preempted_total = 0
+        self.batched_steps = 0
+        self._wake = threading.Event()
+
+    # --- any thread ---------------------------------------------------------------------
+
+    def submit(self, request: GenerateRequest, sink: Sink, *, priority: Priority = "normal",
+               session_id: int | None = None,
+               cancel: threading.Event | None = None) -> Ticket:
+        if priority not in _RANK:
+            raise InvalidOptionError("priority", f"expected low, normal or high, got "
+                                     f"{priority!r}", hint="use 'high' for editor completions")
+        ticket = Ticket(next(self._ids), request, priority, session_id,
+                        cancel or threading.Event(), sink, time.perf_counter())
+        self._inbox.put(ticket)
+        self._wake.set()
+        return ticket
+
+    def run_forever(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
+        """The engine thread's loop."""
+        while not stop.is_set():
+            if not self.step():
+                self._wake.wait(idle_wait_s)
+                self._wake.clear()
+
+    # --- engine thread ------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active) or not self._inbox.empty()
+
+    def step(self) -> bool:
+        """One scheduling round; False when there was nothing to do."""
+        while not self._inbox.empty():
+            self.waiting.append(self._inbox.get())
+        self._drop_cancelled()
+        self._admit()
+        if not self.active:
+            return bool(self.waiting)
+        prefilling = [t for t in self.active.values() if _run_of(t).sequence.prefilling]
+        decoding = [t for t in self.active.values()
+                    if t not in prefilling and not _run_of(t).finished]
+        urgent = min(prefilling, key=lambda t: t.rank, default=None)
+        if urgent is not None:
+            self._advance(urgent)
+        # an urgent prompt runs alone; otherwise everyone generating takes a step
+        if decoding and (urgent is None or
+                         _RANK[urgent.priority] >= min(_RANK[t.priority] for t in decoding)):
+            self._decode(decoding)
+        for index, ticket in list(self.active.items()):
+            if ticket.run is not None and ticket.run.finished:
+                self._complete(index, ticket)
+        return True
+
+    def _advance(self, ticket: Ticket) -> None:
+        """Run one step of one request alone."""
+        assert ticket.run is not None
+        try:
+            event = ticket.run.advance()
+        except Exception as exc:
+            self._fail(ticket, exc)
+            return
+        if event is not None:
+            ticket.sink(event)
+
+    def _decode(self, tickets: list[Ticket]) -> None:
+        runs = [_run_of(t) for t in tickets]
+        rows = [r.runner for r in runs if isinstance(r.runner, SharedBufferRunner)]
+        batched = len(rows) == len(runs) and len(runs) > 1
+        if not batched:
+            for ticket in tickets:
+                self._advance(ticket)
+            return
+        try:
+            pending = [r.sequence.pending for r in runs]
+            logits = rows[0].bank.forward_batch(rows, [p for p in pending if p is not None])
+        except Exception as exc:  # an ORT failure ends every request of the batch
+            for ticket in tickets:
+                self._fail(ticket, exc)
+            return
+        self.batched_steps += 1
+        for ticket, run, row in zip(tickets, runs, logits, strict=True):
+            event = run.on_step(run.sequence.accept(row))
+            if event is not None:
+                ticket.sink(event)
+
+    def _fail(self, ticket: Ticket, exc: BaseException) -> None:
+        if ticket.done:
+            return
+        ticket.done = True
+        index = next((i for i, t in self.active.items() if t is ticket), None)
+        if index is not None:
+            del self.active[index]
+            self.engine.runners[index].reset()
+        if not isinstance(exc, EngineError):
+            log.error("request %d failed", ticket.id, exc_info=exc)
+        ticket.sink(exc)
+
+    def _complete(self, index: int, ticket: Ticket) -> None:
+        run = ticket.run
+        assert run is not None
+        del self.active[index]
+        ticket.done = True
+        self.engine.end_run(run, self._session(ticket))
+        for event in run.closing_events():
+            ticket.sink(event)
+
+    def _session(self, ticket: Ticket) -> Session | None:
+        if ticket.session_id is None:
+            return None
+        return self.engine.sessions.get(ticket.session_id)
+
+    def _drop_cancelled(self) -> None:
+        for ticket in [t for t in self.waiting if t.cancel.is_set()]:
+            self.waiting.remove(ticket)
+            ticket.done = True
+            run = ticket.run
+            if run is None:
+                ticket.sink(CancelledError("the request was cancelled before it started"))
+                continue
+            # preempted, then cancelled: its runner serves others now; keep the history
+            session = self._session(ticket)
+            if session is not None:
+                session.tokens = run.prompt + run.sampled
+            self._release_parked(ticket)
+            for event in run.closing_events():
+                ticket.sink(event)
+
+    # --- admission and preemption -----------------------------------------------------
+
+    def _free_runner(self, prompt: list[int]) -> int | None:
+        """A free runner index, preferring the one whose cache shares most of `prompt`."""
+        free = [i for i in range(len(self.engine.runners)) if i not in self.active]
+        if free:
+            return max(free, key=lambda i: common_prefix_len(
+                self.engine.runners[i].tokens, prompt, len(prompt)))
+        if self.engine.add_runner() is not None:
+            return len(self.engine.runners) - 1
+        return None
+
+    def _admit(self) -> None:
+        busy_sessions = {t.session_id for t in self.active.values() if t.session_id}
+        for ticket in sorted(self.waiting, key=lambda t: t.rank):
+            if ticket.session_id is not None and ticket.session_id in busy_sessions:
+                continue  # one turn of a session at a time
+            prompt = self._prompt(ticket)
+            if prompt is None:
+                self.waiting.remove(ticket)
+                continue
+            index = self._free_runner(prompt)
+            if index is None:
+                victim = max(self.active.items(), key=lambda kv: kv[1].rank, default=None)
+                if victim is None or victim[1].rank[0] <= ticket.rank[0]:
+                    return  # nothing less urgent to preempt: wait
+                index = victim[0]
+                self._preempt(index, victim[1])
+            self.waiting.remove(ticket)
+            if self._start(ticket, index, prompt):
+                self.active[index] = ticket
+                if ticket.session_id is not None:
+                    busy_sessions.add(ticket.session_id)
+
+    def _prompt(self, ticket: Ticket) -> list[int] | None:
+        """The ticket's full prompt (a resumed run: the tokens it had); None on bad input."""
+        if ticket.run is not None:
+            return list(ticket.extra["parked_tokens"])  # type: ignore[call-overload]
+        try:
+            prompt = self.engine.encode_request(ticket.request)
+            session = self._session(ticket)
+            if session is not None:
+                prompt = session.tokens + prompt
+            self.engine.check_fits(prompt, ticket.request.options)
+        except Exception as exc:
+            ticket.done = True
+            if not isinstance(exc, EngineError):
+                log.error("request %d could not start", ticket.id, exc_info=exc)
+            ticket.sink(exc)
+            return None
+        return prompt
+
+    def _start(self, ticket: Ticket, index: int, prompt: list[int]) -> bool:
+        runner = self.engine.runners[index]
+        try:
+            if ticket.run is not None:
+                self._resume(ticket, runner)
+            else:
+                ticket.run = self.engine.start_run(ticket.request, prompt,
+                                                   self._session(ticket), ticket.cancel,
+                                                   ticket.submitted, runner)
+        except Exception as exc:
+            self._fail(ticket, exc)
+            return False
+        return True
+
+    def _preempt(self, index: int, ticket: Ticket) -> None:
+        """Swap a running request out: its KV goes to pages, its runner is freed."""
+        run = ticket.run
+        assert run is not None
+        runner = run.runner
+        del self.active[index]
+        table = PageTable()
+        try:
+            append_rows(self.engine.pool, table, runner.export_kv(0, runner.length),
+                        self.engine.prefix_cache)
+            ticket.parked = table
+        except NoRoomError:
+            truncate_table(self.engine.pool, table, 0, self.engine.prefix_cache)
+            ticket.parked = None  # resumes by recomputing the same tokens
+        ticket.extra["parked_tokens"] = list(runner.tokens)
+        ticket.preemptions += 1
+        self.preempted_total += 1
+        self.waiting.append(ticket)
+
+    def _resume(self, ticket: Ticket, runner: DecodeRunner) -> None:
+        run = ticket.run
+        assert run is not None
+        tokens: list[int] = ticket.extra.pop("parked_tokens")  # type: ignore[assignment]
+        runner.reset()
+        runner.reserve(len(tokens) + run.request.options.max_new_tokens)
+        if ticket.parked is not None:
+            rows = read_rows(self.engine.pool, ticket.parked, 0, len(tokens))
+            runner.import_kv(rows, 0, tokens)
+            self._release_parked(ticket)
+        elif tokens:
+            runner.forward(np.asarray(tokens, dtype=np.int64))
+        run.runner = runner
+        run.sequence.runner = runner
+
+    def _release_parked(self, ticket: Ticket) -> None:
+        if ticket.parked is not None:
+            truncate_table(self.engine.pool, ticket.parked, 0, self.engine.prefix_cache)
+            ticket.parked = None
+
+
+def _run_of(ticket: Ticket) -> RequestRun:
+    assert ticket.run is not None, "an active ticket has a run"
+    return ticket.run
