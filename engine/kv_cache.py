@@ -52,82 +52,83 @@ def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
 
 
 class PagePool:
-    """Fixed-size pages in per-pair arrays `[pages, heads, page_size, head_dim]`."""
+    """Fixed-size pages, each its own per-pair arrays `[heads, page_size, head_dim]`.
+
+    A page's memory exists only while something references it: freeing a page returns its
+    bytes, so evicting cached pages really lowers what the engine holds.
+    """
 
     def __init__(self, geometry: KVGeometry, page_size: int, max_pages: int) -> None:
-        if page_size < 1 or max_pages < 1:
-            raise ValueError("page_size and max_pages must be positive")
+        if page_size < 1 or max_pages < 0:
+            raise ValueError("page_size must be positive and max_pages >= 0")
         self.geometry = geometry
         self.page_size = page_size
         self.max_pages = max_pages
-        self._arrays: list[np.ndarray] = [
-            np.zeros((0, h, page_size, d), dtype=t) for h, d, t in geometry.shapes
-        ]
+        self._pages: list[list[np.ndarray] | None] = []
         self._refs: list[int] = []
         self._free: list[int] = []
+        self._live = 0
 
     @property
     def allocated_pages(self) -> int:
-        return len(self._refs)
+        return self._live
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
+        return self._live * self.geometry.page_bytes(self.page_size)
 
     @property
     def free_pages(self) -> int:
-        return len(self._free) + self.max_pages - self.allocated_pages
+        return self.max_pages - self._live
 
     def refcount(self, page: int) -> int:
         return self._refs[page]
 
     def alloc(self) -> int | None:
         """A page with refcount 1, or None when the pool is at its cap ("no room")."""
+        if self._live >= self.max_pages:
+            return None
+        arrays = [np.zeros((h, self.page_size, d), dtype=t) for h, d, t in self.geometry.shapes]
         if self._free:
             page = self._free.pop()
-        elif self.allocated_pages < self.max_pages:
-            page = self.allocated_pages
-            self._grow(max(1, min(self.allocated_pages, self.max_pages - self.allocated_pages)))
-            self._free.extend(range(self.allocated_pages - 1, page, -1))
+            self._pages[page] = arrays
         else:
-            return None
+            page = len(self._pages)
+            self._pages.append(arrays)
+            self._refs.append(0)
         self._refs[page] = 1
+        self._live += 1
         return page
-
-    def _grow(self, extra: int) -> None:
-        # Double the arrays (amortised O(1) per page) rather than reallocate per page.
-        self._arrays = [
-            np.concatenate([a, np.zeros((extra, *a.shape[1:]), dtype=a.dtype)])
-            for a in self._arrays
-        ]
-        self._refs.extend([0] * extra)
 
     def retain(self, page: int) -> None:
         self._refs[page] += 1
 
     def release(self, page: int) -> bool:
-        """Drop one reference; True when the page became free."""
+        """Drop one reference; True when the page was freed (its memory returned)."""
         self._refs[page] -= 1
         assert self._refs[page] >= 0, f"page {page} released too often"
         if self._refs[page] == 0:
+            self._pages[page] = None
             self._free.append(page)
+            self._live -= 1
             return True
         return False
 
+    def _arrays(self, page: int) -> list[np.ndarray]:
+        arrays = self._pages[page]
+        assert arrays is not None, f"page {page} is free"
+        return arrays
+
     def write(self, page: int, rows: Sequence[np.ndarray], offset: int = 0) -> None:
         """Write per-pair rows `[heads, n, head_dim]` at token `offset` of `page`."""
-        for array, data in zip(self._arrays, rows, strict=True):
-            array[page, :, offset:offset + data.shape[1]] = data
+        for array, data in zip(self._arrays(page), rows, strict=True):
+            array[:, offset:offset + data.shape[1]] = data
 
     def read(self, pages: Sequence[int], n_tokens: int) -> list[np.ndarray]:
         """Per-pair `[heads, n_tokens, head_dim]` copies of the first tokens of `pages`."""
-        out = []
-        for array in self._arrays:
-            picked = array[list(pages)]  # [p, heads, page, dim]
-            joined = picked.transpose(1, 0, 2, 3).reshape(
-                array.shape[1], len(pages) * self.page_size, array.shape[3])
-            out.append(joined[:, :n_tokens])
-        return out
+        per_page = [self._arrays(p) for p in pages]
+        return [np.concatenate([arrays[i] for arrays in per_page], axis=1)[:, :n_tokens]
+                for i in range(len(self.geometry.shapes))]
 
 
 @dataclass

@@ -33,7 +33,11 @@ def test_page_bytes_from_the_formula_match_the_allocation(geometry):
     assert None not in pages
     per_page = sum(h * d * np.dtype(t).itemsize for h, d, t in geometry.shapes) * 8
     assert geometry.page_bytes(8) == per_page
-    assert pool.nbytes == pool.allocated_pages * per_page
+    for page in pages:  # what numpy really allocated for each page
+        assert sum(a.nbytes for a in pool._arrays(page)) == per_page
+    assert pool.nbytes == 5 * per_page
+    pool.release(pages[0])  # a freed page's bytes are returned
+    assert pool.nbytes == 4 * per_page
 
 
 def test_rows_round_trip_through_pages_with_mixed_head_dims():
