@@ -158,6 +158,13 @@ class EngineConfig:
     kv_page_size: int = 32
     #: Bytes the page pool (prefix cache + sessions' KV) may hold.
     kv_cache_bytes: int = 512 * 1024 * 1024
+    #: Memory limits per tier: "auto", a fraction "0.5", "50%", or bytes "8GiB".
+    vram_limit: str = "auto"
+    host_ram_limit: str = "auto"
+    #: Disk spill for the KV store; None = no disk tier limit (spill off).
+    disk_limit: str | None = None
+    #: Limits may change while running (the memory slider).
+    runtime_override: bool = True
     #: Sequences decoded together in one batch (the scheduler's concurrency).
     max_batch: int = 4
     #: Tiered KV store for prefixes across requests and restarts; off unless given.
@@ -177,6 +184,12 @@ class EngineConfig:
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
         _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
+        from engine.limits import parse_limit
+
+        parse_limit(self.vram_limit, field="vram_limit")
+        parse_limit(self.host_ram_limit, field="host_ram_limit")
+        if self.disk_limit is not None:
+            parse_limit(self.disk_limit, field="disk_limit")
         _check_int("kv_cache_bytes", self.kv_cache_bytes, minimum=0, hint="e.g. 512 MiB")
         if self.kv_max_len is not None:
             _check_int("kv_max_len", self.kv_max_len, minimum=16, hint="e.g. 4096")

@@ -42,6 +42,15 @@ class DecodeRunner(ABC):
         """Tokens the KV can hold without reallocation."""
         return self.context_length
 
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of KV this runner holds now."""
+        return 0
+
+    def growth_bytes(self, total_tokens: int) -> int:
+        """Bytes `reserve(total_tokens)` would add (before anything is allocated)."""
+        return max(0, total_tokens - self.length) * self.spec.kv_bytes_per_token
+
     def reserve(self, total_tokens: int) -> None:
         """Make room for `total_tokens` in all (prompt + generated); may reallocate."""
         if total_tokens > self.context_length:
@@ -159,6 +168,10 @@ class GrowingRunner(DecodeRunner):
     def _kv_views(self) -> list[np.ndarray]:
         return [v.numpy()[0] for v in self._past]
 
+    @property
+    def kv_bytes(self) -> int:
+        return self.length * self.spec.kv_bytes_per_token
+
     def _write_kv(self, rows: list[np.ndarray], at: int) -> None:
         # Concatenation graphs own no spare rows: rebuild each past as kept + imported.
         import onnxruntime as ort
@@ -217,6 +230,13 @@ class StaticCacheRunner(DecodeRunner):
 
     def _kv_views(self) -> list[np.ndarray]:
         return [a[0] for a in self._bufs[self._current]]
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(a.nbytes for bufs in self._bufs for a in bufs)
+
+    def growth_bytes(self, total_tokens: int) -> int:
+        return 0  # preallocated at load
 
     def _write_kv(self, rows: list[np.ndarray], at: int) -> None:
         super()._write_kv(rows, at)

@@ -55,6 +55,21 @@ class KVBank:
                                                          self.context_length)))
         return runner
 
+    def growth_bytes(self, total_tokens: int) -> int:
+        if total_tokens <= self.cap:
+            return 0
+        cap = min(-(-total_tokens // GROW_STEP) * GROW_STEP, self.context_length)
+        return len(self.runners) * (cap - self.cap) * self.spec.kv_bytes_per_token
+
+    def shrink(self) -> int:
+        """Fit the buffers to the longest cached row (idle memory goes back); bytes freed."""
+        before = self.nbytes
+        longest = max((r.length for r in self.runners), default=0)
+        cap = max(GROW_STEP, -(-longest // GROW_STEP) * GROW_STEP)
+        if cap < self.cap:
+            self.resize(len(self.runners), cap)
+        return before - self.nbytes
+
     def reserve(self, total_tokens: int) -> None:
         if total_tokens > self.cap:
             target = -(-total_tokens // GROW_STEP) * GROW_STEP
@@ -139,6 +154,9 @@ class SharedBufferRunner(DecodeRunner):
     def reserve(self, total_tokens: int) -> None:
         super().reserve(total_tokens)
         self.bank.reserve(total_tokens)
+
+    def growth_bytes(self, total_tokens: int) -> int:
+        return self.bank.growth_bytes(total_tokens)
 
     def _bind_kv(self) -> None:
         # Past and present are the same pointer: GQA appends in place.

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
+from engine.capacity import default_providers
 from engine.config import EngineConfig, GenerateOptions
 from engine.decode import DecodeRunner, runner_factory
-from engine.errors import ContextOverflowError, InvalidPromptError
+from engine.decode_gqa import SharedBufferRunner
+from engine.errors import ContextOverflowError, InvalidPromptError, ResourceLimitError
 from engine.fim import (
     FimFamily,
     FimFile,
@@ -28,6 +30,7 @@ from engine.fim import (
     fim_stop_token_ids,
     require_fim,
 )
+from engine.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
 from engine.io_spec import IOSpec, resolve_io
 from engine.kv_cache import (
     KVGeometry,
@@ -92,12 +95,32 @@ class Engine:
         reuse = config.prefix_cache and self.runner.transfers_kv
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
+        self.governor = self._make_governor(page_bytes)
+        kv_tier = self.governor.kv_tier
+        self.pool.admit = lambda nbytes: self.governor.can_allocate(kv_tier, nbytes)
         self.kv_tiers: KVTiers | None = None
         if config.kv_store is not None and self.runner.transfers_kv:
             kv_dtype = spec.kv_pairs[0].dtype
             self.kv_tiers = KVTiers(config.kv_store,
                                     model_identity(model, session_info.provider, kv_dtype),
                                     on_gpu=session_info.provider in ("cuda", "directml"))
+
+    def _make_governor(self, page_bytes: int) -> Governor:
+        config, provider = self.config, self.session_info.provider
+        gpu = provider in ("cuda", "directml")
+        spill = self.config.kv_store.disk_dir if self.config.kv_store else None
+        governor = Governor(
+            GovernorLimits.parse(vram=config.vram_limit, host_ram=config.host_ram_limit,
+                                 disk=config.disk_limit),
+            default_providers(provider, spill_dir=spill),
+            runtime_override=config.runtime_override, kv_tier="vram" if gpu else "host_ram")
+        governor.set_kv_geometry(page_bytes, config.kv_page_size)
+        governor.report(governor.kv_tier, weights_bytes=self.model.weights_bytes)
+        budget = governor.budget()
+        if budget is not None and budget.refusal:
+            raise ResourceLimitError(budget.refusal, hint="raise the memory limit or use a "
+                                     "smaller (e.g. int4) model")
+        return governor
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -208,6 +231,8 @@ class Engine:
         """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
         runner = runner or self.runner
         cached = self._prepare_runner(runner, prompt, session)
+        total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
+        self._ensure_room(runner.growth_bytes(total))
         return RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
                           eos=self._stop_ids(request), max_total=self.max_total(request.options),
                           chunk_size=self.config.prefill_chunk_size, cached=cached,
@@ -229,6 +254,63 @@ class Engine:
             raise
         self.end_run(run, session)
         yield from run.closing_events()
+
+    # --- memory -----------------------------------------------------------------------
+
+    def kv_bytes(self) -> int:
+        """KV bytes held: runner buffers (a KV bank counted once) plus cached pages."""
+        banks = {id(r.bank): r.bank for r in self.runners if isinstance(r, SharedBufferRunner)}
+        loose = sum(r.kv_bytes for r in self.runners if not isinstance(r, SharedBufferRunner))
+        return sum(b.nbytes for b in banks.values()) + loose + self.pool.nbytes
+
+    def _report_kv(self) -> None:
+        self.governor.report(self.governor.kv_tier, kv_bytes=self.kv_bytes())
+
+    def _ensure_room(self, needed: int) -> None:
+        """Make room for `needed` KV bytes: evict cached pages, else refuse with numbers."""
+        tier = self.governor.kv_tier
+        if needed <= 0 or self.governor.can_allocate(tier, needed):
+            return
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(self.prefix_cache.idle_pages)
+            self._report_kv()
+        if not self.governor.can_allocate(tier, needed):
+            raise self.governor.no_room_error(tier, needed)
+
+    def resource_snapshot(self) -> GovernorSnapshot:
+        self._report_kv()
+        return self.governor.snapshot()
+
+    def set_limit(self, tier: str, value: str) -> LimitOutcome:
+        """Change a memory limit now (engine thread). Going below what is held frees, in
+        order: idle prefix-cache pages, idle sessions' KV (their history stays and is
+        recomputed next turn), idle runner buffers. Running requests keep going."""
+        self._report_kv()
+        change = self.governor.set_limit(tier, value)
+        before, pages, spilled = self.kv_bytes(), 0, 0
+        if change.excess_bytes > 0 and self.prefix_cache is not None:
+            page_bytes = max(self.pool.geometry.page_bytes(self.pool.page_size), 1)
+            pages = self.prefix_cache.evict(-(-change.excess_bytes // page_bytes))
+        if self._over(before - self.kv_bytes(), change.excess_bytes):
+            for session in self.sessions.idle():
+                if session.kv_len:
+                    self.sessions.drop_kv(session)
+                    spilled += 1
+                if not self._over(before - self.kv_bytes(), change.excess_bytes):
+                    break
+        if self._over(before - self.kv_bytes(), change.excess_bytes):
+            for bank in {id(r.bank): r.bank for r in self.runners
+                         if isinstance(r, SharedBufferRunner)}.values():
+                bank.shrink()
+        self._report_kv()
+        freed = before - self.kv_bytes()
+        return LimitOutcome(change, bytes_freed=freed, pages_evicted=pages,
+                            sessions_spilled=spilled,
+                            still_over=self.governor.over_limit(change.tier) > 0)
+
+    @staticmethod
+    def _over(freed: int, excess: int) -> bool:
+        return freed < excess
 
     # --- KV reuse ---------------------------------------------------------------------
 
@@ -267,6 +349,7 @@ class Engine:
             self._save_session_kv(runner, session)
         elif self.prefix_cache is not None:
             self._publish_pages(runner)
+        self._report_kv()
         if self.kv_tiers is not None:
             try:
                 self.kv_tiers.save_from(runner, runner.tokens)

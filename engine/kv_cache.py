@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +68,8 @@ class PagePool:
         self._refs: list[int] = []
         self._free: list[int] = []
         self._live = 0
+        #: Asked before each new page (the governor's budget); False means no room.
+        self.admit: Callable[[int], bool] = lambda nbytes: True
 
     @property
     def allocated_pages(self) -> int:
@@ -86,7 +88,8 @@ class PagePool:
 
     def alloc(self) -> int | None:
         """A page with refcount 1, or None when the pool is at its cap ("no room")."""
-        if self._live >= self.max_pages:
+        if self._live >= self.max_pages or not self.admit(self.geometry.page_bytes(
+                self.page_size)):
             return None
         arrays = [np.zeros((h, self.page_size, d), dtype=t) for h, d, t in self.geometry.shapes]
         if self._free:

@@ -37,6 +37,10 @@ class SessionStore:
     def __contains__(self, session_id: int) -> bool:
         return session_id in self._sessions
 
+    def idle(self) -> list[Session]:
+        """Sessions holding KV, least recently created first."""
+        return [s for s in self._sessions.values() if s.kv_len]
+
     def create(self) -> Session:
         session = Session(next(self._ids))
         self._sessions[session.id] = session

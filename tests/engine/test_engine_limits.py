@@ -1,0 +1,88 @@
+"""The governor inside the engine: refusals with numbers, live limit changes."""
+
+import psutil
+import pytest
+
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+from engine.errors import InvalidOptionError, ResourceLimitError
+from engine.scheduler import Scheduler
+from tests.forge import ForgeSpec, write_genai_model
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def wide_kv_model(tmp_path_factory):
+    # 4 layers x 8 KV heads x 64 dims x f32: 16 KiB of KV per token
+    spec = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context=2048)
+    return write_genai_model(tmp_path_factory.mktemp("wide"), spec)
+
+
+def _req(n, prompt=(5, 6, 7, 8)):
+    return GenerateRequest(token_ids=prompt, options=GenerateOptions(
+        max_new_tokens=n, temperature=0.0, stop_on_eos=False))
+
+
+def test_limit_below_the_weights_refuses_to_load_with_numbers(tmp_path):
+    # vocab 8192 x hidden 128 in f32: 8 MiB of embedding and output weights
+    spec = ForgeSpec(vocab=8192, hidden=128, heads=4, kv_heads=2)
+    folder = write_genai_model(tmp_path / "m", spec, tokenizer_vocab=512)
+    with pytest.raises(ResourceLimitError, match="raise") as err:
+        Engine.load(folder, EngineConfig(host_ram_limit="4MiB"))
+    assert "MiB" in str(err.value)
+
+
+def test_bad_limit_text_lists_the_accepted_forms():
+    with pytest.raises(InvalidOptionError, match="GiB"):
+        EngineConfig(host_ram_limit="lots")
+
+
+def test_request_needing_more_kv_than_the_limit_is_refused_others_run(wide_kv_model):
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
+    engine.generate(_req(2))
+    rss = psutil.Process().memory_info().rss
+    engine.set_limit("host_ram", f"{(rss + 12 * MIB) // MIB}MiB")
+    with pytest.raises(ResourceLimitError) as err:  # ~2,000 tokens x 16 KiB = 32 MiB
+        engine.generate(_req(1900))
+    message = str(err.value)
+    assert "MiB" in message and "host-ram-limit" in message
+    assert len(engine.generate(_req(20)).token_ids) == 20  # a small request still fits
+
+
+def test_lowering_the_limit_evicts_cached_pages_and_reports_it(wide_kv_model):
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, kv_page_size=16))
+    for start in range(0, 400, 100):  # four different prompts fill the prefix cache
+        engine.generate(_req(4, tuple(range(start + 10, start + 90))))
+    assert engine.prefix_cache is not None and engine.prefix_cache.idle_pages > 0
+    held = engine.kv_bytes()
+    snap = engine.resource_snapshot().host_ram
+    assert snap is not None and snap.kv_bytes == held
+    reported = snap.weights_bytes + snap.kv_bytes  # what the engine holds and can free
+    outcome = engine.set_limit("host_ram", str(reported - engine.pool.nbytes // 2))
+    assert outcome.change.excess_bytes > 0
+    assert outcome.pages_evicted > 0 and outcome.bytes_freed >= outcome.change.excess_bytes
+    assert engine.kv_bytes() < held and not outcome.still_over
+
+
+def test_halving_the_limit_mid_generation_keeps_the_output(wide_kv_model):
+    solo = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, prefix_cache=False))
+    expected = solo.generate(_req(60)).token_ids
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
+    scheduler = Scheduler(engine)
+    events = []
+    scheduler.submit(_req(60), events.append)
+    for _ in range(20):
+        scheduler.step()
+    snap = engine.resource_snapshot().host_ram
+    outcome = engine.set_limit("host_ram", str((snap.weights_bytes + snap.kv_bytes) // 2))
+    assert outcome.change.excess_bytes > 0
+    assert outcome.still_over  # the weights alone exceed half: reported, not hidden
+    while scheduler.step():
+        pass
+    assert events[-1].result.token_ids == expected
+
+
+def test_runtime_override_off_refuses_live_changes(genai_model_dir):
+    engine = Engine.load(genai_model_dir, EngineConfig(runtime_override=False))
+    with pytest.raises(ResourceLimitError, match="runtime override"):
+        engine.set_limit("host_ram", "50%")
