@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import onnx
 import yaml
-from google.protobuf.message import DecodeError
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.io_spec import DeclaredIO, TensorSpec
+from engine.onnx_scan import ScanError, scan_onnx
 
 log = logging.getLogger(__name__)
 
@@ -240,31 +239,30 @@ def _from_hf(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
 
 
 def scan_graph(model_file: Path) -> GraphSummary:
-    """Read the graph structure (not the external weights) and check external data files."""
+    """Read the graph structure (not the weights) and check external data files."""
     if not model_file.is_file():
         raise ModelLoadError(f"model file {model_file} is missing",
                              hint="re-download the model folder; the .onnx file is required")
     try:
-        proto = onnx.load(str(model_file), load_external_data=False)
-    except (DecodeError, OSError, ValueError, RuntimeError) as exc:
+        scanned = scan_onnx(model_file)
+    except (ScanError, OSError) as exc:
         raise ModelLoadError(
-            f"{model_file} is not a readable ONNX model ({type(exc).__name__}: {exc}); "
-            "the file may be truncated",
+            f"{model_file} is not a readable ONNX model ({exc}); the file may be truncated",
             hint="re-download the model; compare its size with the source") from exc
-    if not proto.graph.node:
+    if not scanned.op_types:
         raise ModelLoadError(f"{model_file} holds an empty graph (truncated download?)",
                              hint="re-download the model file")
-    ops = Counter(n.op_type for n in proto.graph.node)
+    ops = Counter(scanned.op_types)
     inline = 0
     expected: dict[str, int] = {}
-    for tensor in proto.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entry = {e.key: e.value for e in tensor.external_data}
+    for tensor in scanned.initializers:
+        if tensor.data_location == 1:  # EXTERNAL
+            entry = tensor.external
             end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
             loc = entry.get("location", "")
             expected[loc] = max(expected.get(loc, 0), end)
         else:
-            inline += len(tensor.raw_data) or tensor.ByteSize()
+            inline += tensor.size
     externals = []
     for loc, need in sorted(expected.items()):
         data_path = model_file.parent / loc
@@ -281,27 +279,12 @@ def scan_graph(model_file: Path) -> GraphSummary:
     quant = "int4" if "MatMulNBits" in ops else (
         "int8" if {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul"} & set(ops)
         else "none")
-    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    initialized = {t.name for t in scanned.initializers}
     return GraphSummary(
         op_counts=dict(ops), has_gqa="GroupQueryAttention" in ops, quantization=quant,
         top_level_control_flow=bool(_CONTROL_FLOW & set(ops)), inline_weights_bytes=inline,
-        external_data=tuple(externals), opset=opset,
-        inputs=_value_specs(proto.graph.input, skip={t.name for t in proto.graph.initializer}),
-        outputs=_value_specs(proto.graph.output, skip=set()),
+        external_data=tuple(externals), opset=scanned.opsets.get("ai.onnx", 0),
+        inputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape))
+                for v in scanned.inputs if v.name not in initialized},
+        outputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape)) for v in scanned.outputs},
     )
-
-
-def _value_specs(values: Any, skip: set[str]) -> dict[str, TensorSpec]:
-    out = {}
-    for value in values:
-        if value.name in skip:
-            continue
-        ttype = value.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type) if ttype.elem_type else None
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in ttype.shape.dim
-        )
-        name = "bfloat16" if ttype.elem_type == onnx.TensorProto.BFLOAT16 else str(dtype)
-        out[value.name] = TensorSpec(value.name, name, shape)
-    return out
