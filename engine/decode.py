@@ -76,7 +76,7 @@ class DecodeRunner(ABC):
             raise ValueError("this graph outputs last-token logits only")
         logits = self._run(token_ids, n)
         self.length += n
-        self.tokens.extend(int(t) for t in token_ids)
+        self.tokens.extend(token_ids.tolist())
         rows = logits.reshape(-1, self._vocab)
         if rows.dtype != np.float32:
             rows = rows.astype(np.float32)

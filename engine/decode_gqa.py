@@ -139,6 +139,7 @@ class SharedBufferRunner(DecodeRunner):
         self._step_logits = np.empty((1, 1, self._vocab), dtype=self._logits_dtype)
         self._positions = np.arange(bank.context_length, dtype=np.int64).reshape(1, -1)
         self._step_bound = False
+        self._mask_ptr = 0
 
     @property
     def capacity(self) -> int:
@@ -166,6 +167,7 @@ class SharedBufferRunner(DecodeRunner):
             bind_array(b, pair.input, row, row.shape)
             b.bind_output(pair.output, "cpu", 0, row.dtype, list(row.shape), row.ctypes.data)
         self._bound_generation = self.bank.generation
+        self._mask_ptr = self._mask.ctypes.data  # resolved once: ctypes access is slow
 
     def _run(self, token_ids: np.ndarray, n: int) -> np.ndarray:
         if self.length + n > self.bank.cap:
@@ -191,7 +193,8 @@ class SharedBufferRunner(DecodeRunner):
                           [1, rows, self._vocab], logits.ctypes.data)
             self._step_bound = False
         if self.spec.attention_mask:
-            bind_array(b, self.spec.attention_mask, self._mask, (1, total))
+            b.bind_input(self.spec.attention_mask, "cpu", 0, np.int64, [1, total],
+                         self._mask_ptr)
         if self.spec.position_ids:
             pos = self._positions[:, self.length:total]
             bind_array(b, self.spec.position_ids, np.ascontiguousarray(pos), (1, n))
