@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:  # `python bench/decode.py` as well as `python -m 
 from bench import _workers  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-ARMS = ("ours", "og", "og2", "ours-spin")
+ARMS = ("ours", "og", "og2", "ours-nospin")
 SPEC = {"layers": 12, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048,
         "vocab": 32000, "context": 2048, "seed": 0}
 PROMPT_SEED = 1234
@@ -72,7 +72,7 @@ def worker_main(args: argparse.Namespace) -> None:
         warmup = _workers.prompt_ids(vocab, _workers.WARMUP_PROMPT, PROMPT_SEED + 1)
         if args.worker.startswith("ours"):
             result = _workers.run_ours(args.model, prompt, warmup, args.new_tokens,
-                                       args.threads, spin=args.worker == "ours-spin")
+                                       args.threads, spin=args.worker == "ours")
         else:
             result = _workers.run_og(args.model, prompt, warmup, args.new_tokens, args.threads)
     result["peak_rss_mib"] = _workers.peak_rss_mib()
@@ -152,8 +152,8 @@ def _ratios(best: dict[str, dict[str, float]]) -> dict[str, float | None]:
             "rss": r("ours", "og", "peak_rss_mib"),
             "control_decode": r("og2", "og", "decode_tok_s"),
             "control_prefill": r("og2", "og", "prefill_tok_s"),
-            "spin_decode": r("ours-spin", "ours", "decode_tok_s"),
-            "spin_prefill": r("ours-spin", "ours", "prefill_tok_s")}
+            "nospin_decode": r("ours-nospin", "ours", "decode_tok_s"),
+            "nospin_prefill": r("ours-nospin", "ours", "prefill_tok_s")}
 
 
 def summarize(runs: list[dict[str, Any]], models: dict[str, Path],
@@ -200,7 +200,7 @@ def _pf(ok: bool | None) -> str:
 
 
 def print_table(summary: dict[str, Any]) -> None:
-    head = (f"{'prec':5}{'prompt':>7} | {'decode tok/s ours/og/og2/spin':>30} | "
+    head = (f"{'prec':5}{'prompt':>7} | {'decode tok/s ours/og/og2/nospin':>30} | "
             f"{'prefill tok/s ours/og':>22} | {'RSS MiB ours/og':>16} | "
             "GB/s ours/og [excl. embedding] / measured")
     print(head)
@@ -218,13 +218,13 @@ def print_table(summary: dict[str, Any]) -> None:
               f"{gbs} [{gbx}] / {_f(w['measured_gb_s'], '.1f')}")
     print()
     print(f"{'prec':5}{'prompt':>7} | {'decode ours/og':>20} | {'prefill ours/og':>19} | "
-          f"{'RSS ours/og':>17} | {'og2/og dec,pre':>14} | {'spin/ours dec,pre':>17} | tokens")
+          f"{'RSS ours/og':>17} | {'og2/og dec,pre':>14} | {'nospin/ours dec,pre':>17} | tokens")
     for w in summary["workloads"]:
         r, ok, t = w["ratios"], w["pass"], w["targets"]
         ctl = ",".join(_f(r[k], ".3f") for k in ("control_decode", "control_prefill"))
         noisy = any(r[k] is not None and abs(r[k] - 1) > CONTROL_TOLERANCE
                     for k in ("control_decode", "control_prefill"))
-        spin = ",".join(_f(r[k], ".3f") for k in ("spin_decode", "spin_prefill"))
+        spin = ",".join(_f(r[k], ".3f") for k in ("nospin_decode", "nospin_prefill"))
         toks = ("identical" if w["tokens_identical"] else
                 f"lead {w['tokens_leading_match']}/{w['tokens_generated']}")
         print(f"{w['precision']:5}{w['prompt_len']:>7} | "
@@ -254,13 +254,13 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
     ws = summary["workloads"]
     labels = [f"{w['precision']}\n{w['prompt_len']} tok" for w in ws]
-    panels = [("decode tok/s", "decode", "control_decode", "spin_decode"),
-              ("prefill tok/s", "prefill", "control_prefill", "spin_prefill"),
+    panels = [("decode tok/s", "decode", "control_decode", "nospin_decode"),
+              ("prefill tok/s", "prefill", "control_prefill", "nospin_prefill"),
               ("peak RSS (lower is better)", "rss", None, None)]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, (title, key, ctl, spin) in zip(axes, panels, strict=True):
         series = [("ours/og", key, "tab:blue"), ("og2/og (control)", ctl, "tab:gray"),
-                  ("ours-spin/ours", spin, "tab:orange")]
+                  ("ours-nospin/ours", spin, "tab:orange")]
         series = [s for s in series if s[1] is not None]
         width = 0.8 / len(series)
         for j, (name, k, color) in enumerate(series):

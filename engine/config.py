@@ -145,9 +145,11 @@ class EngineConfig:
     provider: str = "auto"
     #: None = the machine's physical cores.
     intra_op_threads: int | None = None
-    #: How long idle ORT threads spin before they sleep, in microseconds: 0 = never spin
-    #: (a desktop app must not burn idle CPU), None = ONNX Runtime's own default.
-    spin_duration_us: int | None = 0
+    #: How long idle ORT threads spin before they sleep, in microseconds: None = ONNX
+    #: Runtime's own default (fastest on a quiet machine), 0 = never spin. The worker
+    #: uses 0: a desktop app must not burn idle CPU, and spinning threads collapse when
+    #: other programs want the cores (bench/README.md has the numbers).
+    spin_duration_us: int | None = None
     #: Prompt tokens per prefill forward.
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
