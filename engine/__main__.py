@@ -1,4 +1,4 @@
-"""Command line: `python -m engine generate | inspect`."""
+"""Command line: `python -m engine generate | inspect | serve`."""
 
 from __future__ import annotations
 
@@ -42,10 +42,20 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--threads", type=int)
     gen.add_argument("--provider", choices=PROVIDERS, default="auto")
+    gen.add_argument("--vram-limit", default="auto",
+                     help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ...")
+    gen.add_argument("--host-ram-limit", default="auto",
+                     help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")
 
     ins = sub.add_parser("inspect", help="report what a model folder holds")
     ins.add_argument("model", help="model folder")
     ins.add_argument("--json", action="store_true")
+
+    from engine.server.cli import add_arguments
+
+    srv = sub.add_parser("serve", help="run the local worker (OpenAI, llama.cpp and Ollama "
+                         "routes on 127.0.0.1)")
+    add_arguments(srv)
     return parser
 
 
@@ -77,8 +87,9 @@ def _generate(args: argparse.Namespace) -> int:
         request = GenerateRequest(token_ids=_token_ids(args.token_ids), options=options)
     else:
         request = GenerateRequest(prompt=args.prompt, options=options)
-    engine = Engine.load(args.model, EngineConfig(provider=args.provider,
-                                                  intra_op_threads=args.threads))
+    engine = Engine.load(args.model, EngineConfig(
+        provider=args.provider, intra_op_threads=args.threads, vram_limit=args.vram_limit,
+        host_ram_limit=args.host_ram_limit))
     result = None
     for event in engine.stream(request):
         if args.stream and event.text and not args.json:
@@ -92,6 +103,7 @@ def _generate(args: argparse.Namespace) -> int:
             "finish_reason": str(result.finish_reason), "prompt_tokens": result.prompt_tokens,
             "timings": result.timings.as_dict(), "provider": engine.provider,
             "decode_path": engine.decode_path,
+            "resources": engine.resource_snapshot().as_dict(),
         }))
     elif args.stream:
         sys.stdout.write("\n")
@@ -112,11 +124,20 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from engine.server.serve import run
+
+    if args.access_log:
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = _build_parser().parse_args(argv)
+    commands = {"generate": _generate, "inspect": _inspect, "serve": _serve}
     try:
-        return _generate(args) if args.command == "generate" else _inspect(args)
+        return commands[args.command](args)
     except EngineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.hint:

@@ -69,7 +69,7 @@ def test_halving_the_limit_mid_generation_keeps_the_output(wide_kv_model):
     expected = solo.generate(_req(60)).token_ids
     engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
     scheduler = Scheduler(engine)
-    events = []
+    events: list = []
     scheduler.submit(_req(60), events.append)
     for _ in range(20):
         scheduler.step()

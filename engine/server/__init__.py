@@ -1,0 +1,1 @@
+"""The worker: `python -m engine serve` (one module per dialect)."""

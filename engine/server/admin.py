@@ -1,0 +1,71 @@
+"""The app's own routes: /health, /metrics, and the admin routes (admin token required):
+GET /v1/library, POST /v1/models/load, POST /v1/models/unload.
+
+Not here yet, by design: /v1/resources, /v1/resources/stream and PUT /v1/limits need the
+Resource Governor; they will sit beside these routes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+
+from engine.server.errors import ApiError, CompactJSONResponse
+from engine.server.openai import model_card
+from engine.server.schemas import LoadModelRequest, UnloadModelRequest
+from engine.server.streaming import Ctx
+
+router = APIRouter(tags=["App"])
+
+
+@router.get("/health", response_model=None)
+async def health(ctx: Ctx) -> Response:
+    """200 while a model is ready; 503 (same body) while loading or with no model."""
+    models, worker = ctx.models, ctx.worker
+    current = models.current
+    body = {"status": "ok" if models.state == "ready" else models.state,
+            "state": models.state, "model": current.id if current else None,
+            "loading": models.loading, "busy": not worker.idle, "waiting": worker.waiting,
+            "pid": os.getpid()}
+    return CompactJSONResponse(body, status_code=200 if models.state == "ready" else 503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(ctx: Ctx) -> PlainTextResponse:
+    text = ctx.metrics.render(waiting=ctx.worker.waiting, busy=not ctx.worker.idle,
+                              model_loaded=ctx.models.current is not None)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/library")
+async def library(ctx: Ctx) -> dict[str, Any]:
+    models = ctx.models
+    current = models.current
+    entries = [{"name": e.name, "path": str(e.path), "format": e.format, "family": e.family,
+                "size_bytes": e.size_bytes,
+                "loaded": current is not None and current.path == e.path.resolve()}
+               for e in models.library()]
+    return {"roots": [str(r) for r in models.roots], "models": entries,
+            "loaded": current.id if current else None, "state": models.state}
+
+
+@router.post("/v1/models/load")
+async def load_model(body: LoadModelRequest, ctx: Ctx
+                     ) -> dict[str, Any]:
+    """Load a model from the library (the current one is unloaded first)."""
+    model = await ctx.models.load(body.model)
+    return {**model_card(model), "state": ctx.models.state, "path": str(model.path)}
+
+
+@router.post("/v1/models/unload")
+async def unload_model(body: UnloadModelRequest, ctx: Ctx
+                       ) -> dict[str, Any]:
+    current = ctx.models.current
+    if body.model and (current is None or not current.matches(body.model)):
+        raise ApiError(404, f"the model {body.model!r} is not loaded", param="model",
+                       code="model_not_found")
+    unloaded = await ctx.models.unload()
+    return {"unloaded": unloaded, "state": ctx.models.state}

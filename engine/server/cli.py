@@ -1,0 +1,43 @@
+"""The `serve` command's options (kept light: no web framework is imported here)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.config import PROVIDERS
+from engine.server.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_PORT
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_argument_group("models")
+    source.add_argument("--model", type=Path, help="model folder to load at start")
+    source.add_argument("--models-dir", type=Path, action="append", default=[],
+                        help="folder of model folders the API may list and load (repeatable)")
+    net = parser.add_argument_group("network and security")
+    net.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (default 127.0.0.1; others are reachable from the "
+                     "network)")
+    net.add_argument("--port", type=int, default=DEFAULT_PORT,
+                     help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    net.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but "
+                     "/health")
+    net.add_argument("--admin-token-file", type=Path,
+                     help="file holding the admin token (created with mode 0600 if missing; "
+                     "default: in the user config folder)")
+    net.add_argument("--cors-origin", action="append", default=[],
+                     help="browser origin allowed to call the worker (repeatable)")
+    net.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    net.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                     help="requests allowed to wait for the engine before 429")
+    net.add_argument("--graceful-shutdown", type=float, default=5.0,
+                     help="seconds in-flight requests get on SIGINT/SIGTERM")
+    net.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    eng.add_argument("--provider", choices=PROVIDERS, default="auto")
+    eng.add_argument("--kv-max-len", type=int, help="cap on KV buffer length (tokens)")
+    eng.add_argument("--vram-limit", default="auto",
+                     help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ...")
+    eng.add_argument("--host-ram-limit", default="auto",
+                     help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")

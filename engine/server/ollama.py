@@ -1,0 +1,208 @@
+"""Ollama dialect (Continue's recommended local autocomplete): /api/tags, /api/show,
+/api/generate, /api/chat.
+
+``/api/show``'s ``template`` contains ``.Suffix`` exactly when the model can fill in the
+middle (Continue enables autocomplete on that); its ``parameters`` are single
+``key value`` lines (``num_ctx``, ``stop "..."``) with no blank line, as Continue parses
+them. The template only describes the layout: the worker builds prompts itself.
+``/api/generate`` with ``suffix`` fills in the middle in the model's layout; with ``raw``
+the prompt is sent as is (special tokens parsed); otherwise it becomes a user message in
+the chat template (or stays raw when the model has none). Streams are NDJSON; an error
+after the first line arrives as a ``{"error": ...}`` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from engine.engine import Engine, GenerateRequest
+from engine.server.errors import ApiError, error_body
+from engine.server.generation import Final
+from engine.server.models import LoadedModel
+from engine.server.options import OLLAMA_RENAMES, ollama_options
+from engine.server.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
+from engine.server.streaming import (
+    Ctx,
+    Item,
+    JobStreamingResponse,
+    ServerContext,
+    collect,
+    first_item,
+    items_after,
+    ndjson,
+)
+from engine.tokenizer import ChatMessage
+
+router = APIRouter(tags=["Ollama"])
+
+_TURN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _details(model: LoadedModel) -> dict[str, Any]:
+    return {"parent_model": "", "format": "onnx", "family": model.family,
+            "families": [model.family], "parameter_size": "",
+            "quantization_level": model.engine.model.graph.quantization}
+
+
+def _find(ctx: ServerContext, name: str) -> LoadedModel:
+    model = ctx.models.current
+    if model is None or not model.matches(name):
+        raise ApiError(404, f"model '{name}' not found", code="model_not_found")
+    return model
+
+
+@router.get("/api/tags")
+async def tags(ctx: Ctx) -> dict[str, Any]:
+    model = ctx.models.current
+    if model is None:
+        return {"models": []}
+    size = model.engine.model.weights_bytes
+    digest = hashlib.sha256(f"{model.path}|{size}".encode()).hexdigest()
+    return {"models": [{"name": model.id, "model": model.id,
+                        "modified_at": _iso(model.loaded_at), "size": size, "digest": digest,
+                        "details": _details(model)}]}
+
+
+def fim_template(engine: Engine) -> str:
+    """A Go-template description of the model's prompt; mentions .Suffix iff FIM works."""
+    family = engine.fim_family
+    if family is None:
+        return "{{ .Prompt }}"
+
+    def spell(token: int) -> str:
+        return (engine.tokenizer.id_to_token(token) or "").replace("▁", " ")
+
+    pre, suf, mid = spell(family.prefix_id), spell(family.suffix_id), spell(family.middle_id)
+    if family.name == "codestral":
+        fim = f"{suf}{{{{ .Suffix }}}}{pre}{{{{ .Prompt }}}}"
+    else:
+        fim = f"{pre}{{{{ .Prompt }}}}{suf}{{{{ .Suffix }}}}{mid}"
+    return f"{{{{- if .Suffix }}}}{fim}{{{{- else }}}}{{{{ .Prompt }}}}{{{{- end }}}}"
+
+
+def _stop_texts(engine: Engine) -> list[str]:
+    tokenizer = engine.tokenizer
+    texts = [tokenizer.id_to_token(t) for t in engine.eos_token_ids]
+    texts += [t for t in _TURN_TOKENS if tokenizer.token_to_id(t) is not None]
+    return [t for t in dict.fromkeys(texts) if t]
+
+
+@router.post("/api/show")
+async def show(body: OllamaShowRequest, ctx: Ctx
+               ) -> dict[str, Any]:
+    model = _find(ctx, body.model or body.name)
+    engine = model.engine
+    params = [("num_ctx", str(engine.context_length))]
+    params += [("stop", json.dumps(s, ensure_ascii=False)) for s in _stop_texts(engine)]
+    parameters = "\n".join(f"{key:<30} {value}" for key, value in params)
+    template = fim_template(engine)
+    modelfile = "\n".join([f"# Modelfile of {model.id} (served by onnx-local-llm)",
+                           f"FROM {model.path}", f'TEMPLATE """{template}"""',
+                           *(f"PARAMETER {k} {v}" for k, v in params)])
+    capabilities = ["completion"] + (["insert"] if engine.fim_family else [])
+    return {"license": "", "modelfile": modelfile, "parameters": parameters,
+            "template": template, "details": _details(model),
+            "model_info": {"general.architecture": model.family,
+                           f"{model.family}.context_length": engine.context_length},
+            "capabilities": capabilities, "modified_at": _iso(model.loaded_at)}
+
+
+def _stats(final: Final) -> dict[str, Any]:
+    timings = final.result.timings
+    prompt_ms = timings.ttft_ms if final.completion_tokens else timings.total_ms
+    return {"done_reason": "length" if final.stop in ("max_tokens", "length", "limit")
+            else "stop",
+            "total_duration": int(timings.total_ms * 1e6), "load_duration": 0,
+            "prompt_eval_count": final.result.prompt_tokens,
+            "prompt_eval_duration": int(prompt_ms * 1e6),
+            "eval_count": final.completion_tokens,
+            "eval_duration": int(max(timings.total_ms - prompt_ms, 0.0) * 1e6)}
+
+
+def _refuse(images: Any, fmt: Any) -> None:
+    if images:
+        raise ApiError(400, "images are not supported: this worker runs text models")
+    if fmt:
+        raise ApiError(501, "format needs the JSON constraint, which this worker does not "
+                       "have yet", code="not_supported", hint="send the request without format")
+
+
+async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen: GenerateRequest,
+                  stream: bool, shape: Callable[[str], dict[str, Any]], priority: str = "normal"
+                  ) -> Response | dict[str, Any]:
+    handle = ctx.submit(model, gen, priority="high" if priority == "high" else "normal")
+    first = await first_item(handle, request, OLLAMA_RENAMES)
+    if stream:
+        return JobStreamingResponse(_lines(first, handle, model, shape), [handle],
+                                    "application/x-ndjson")
+    _, final = await collect(handle, request, first, OLLAMA_RENAMES)
+    return {"model": model.id, "created_at": _now(), **shape(final.text), "done": True,
+            **_stats(final)}
+
+
+async def _lines(first: Item, handle: Any, model: LoadedModel,
+                 shape: Callable[[str], dict[str, Any]]) -> AsyncIterator[bytes]:
+    try:
+        async for item in items_after(first, handle):
+            if isinstance(item, Final):
+                yield ndjson({"model": model.id, "created_at": _now(), **shape(""),
+                              "done": True, **_stats(item)})
+                return
+            if item.text:
+                yield ndjson({"model": model.id, "created_at": _now(), **shape(item.text),
+                              "done": False})
+    except ApiError as exc:
+        yield ndjson(error_body(exc, "ollama"))
+
+
+@router.post("/api/generate", response_model=None)
+async def generate(body: OllamaGenerateRequest, request: Request,
+                   ctx: Ctx) -> Response | dict[str, Any]:
+    model = ctx.models.require(body.model)
+    _refuse(body.images, body.format)
+    engine = model.engine
+    if not body.prompt and not body.suffix:  # Ollama's "load the model" request
+        return {"model": model.id, "created_at": _now(), "response": "", "done": True,
+                "done_reason": "load"}
+    options = ollama_options(body.options, model)
+    if body.suffix:
+        gen = await asyncio.to_thread(engine.fim_request, body.prompt, body.suffix, options)
+    elif body.raw or not engine.tokenizer.has_chat_template:
+        prompt = body.prompt if body.raw or not body.system else f"{body.system}\n\n{body.prompt}"
+        gen = GenerateRequest(prompt=prompt, options=options)
+    else:
+        messages = [ChatMessage("system", body.system)] if body.system else []
+        messages.append(ChatMessage("user", body.prompt))
+        gen = GenerateRequest(messages=tuple(messages), options=options)
+    return await _answer(ctx, request, model, gen, body.stream,
+                         lambda text: {"response": text},
+                         priority="high" if body.suffix else "normal")
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(body: OllamaChatRequest, request: Request,
+               ctx: Ctx) -> Response | dict[str, Any]:
+    model = ctx.models.require(body.model)
+    _refuse(any(m.images for m in body.messages), body.format)
+    if body.tools:
+        raise ApiError(501, "tools are not supported by this worker yet", code="not_supported")
+    messages = tuple(ChatMessage(m.role, m.content) for m in body.messages)
+    gen = GenerateRequest(messages=messages, options=ollama_options(body.options, model))
+    return await _answer(ctx, request, model, gen, body.stream,
+                         lambda text: {"message": {"role": "assistant", "content": text}})

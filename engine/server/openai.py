@@ -1,0 +1,311 @@
+"""OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
+
+- Chat applies the model's chat template; streaming sends one SSE chunk per token that
+  adds text, then a chunk with ``finish_reason``, a usage chunk when
+  ``stream_options.include_usage``, and ``[DONE]``.
+- Completions take a raw prompt (special tokens parsed, no template), or with ``suffix``
+  fill in the middle in the model's own FIM layout; the suffix is never appended.
+- ``n`` / ``best_of`` above 1, ``tools`` and a JSON ``response_format`` are refused with
+  a message. ``X-Session-Id`` is accepted and has no effect yet: every request carries its
+  whole conversation, so answers are the same (engine sessions will make it faster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from engine.engine import GenerateRequest
+from engine.sampling import TokenLogprob
+from engine.server.errors import ApiError, error_body
+from engine.server.generation import Chunk, Final
+from engine.server.models import LoadedModel
+from engine.server.options import OPENAI_RENAMES, openai_options
+from engine.server.schemas import ChatCompletionRequest, ChatMessageIn, CompletionRequest
+from engine.server.streaming import (
+    SSE_DONE,
+    Ctx,
+    Item,
+    JobStreamingResponse,
+    collect,
+    first_item,
+    items_after,
+    sse,
+)
+from engine.tokenizer import ChatMessage, Tokenizer
+
+router = APIRouter(tags=["OpenAI"])
+
+_FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length", "length": "length",
+           "limit": "length", "cancelled": "stop"}
+
+
+@dataclass(frozen=True)
+class _Meta:
+    id: str
+    created: int
+    model: str
+    obj: str
+    tokenizer: Tokenizer
+
+
+def model_card(model: LoadedModel) -> dict[str, Any]:
+    engine = model.engine
+    return {"id": model.id, "object": "model", "created": int(model.loaded_at),
+            "owned_by": "local",
+            "meta": {"family": model.family, "context_length": engine.context_length,
+                     "fim": engine.fim_family.name if engine.fim_family else None,
+                     "format": engine.model.format, "provider": engine.provider}}
+
+
+@router.get("/v1/models")
+async def list_models(ctx: Ctx) -> dict[str, Any]:
+    current = ctx.models.current
+    return {"object": "list", "data": [model_card(current)] if current else []}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, ctx: Ctx) -> dict[str, Any]:
+    current = ctx.models.current
+    if current is None or not model_id.strip() or not current.matches(model_id):
+        raise ApiError(404, f"the model {model_id!r} is not loaded here", param="model",
+                       code="model_not_found")
+    return model_card(current)
+
+
+def _refuse_many(value: int | None, param: str) -> None:
+    if value is not None and value != 1:
+        raise ApiError(400, f"{param}: only 1 is supported, got {value}", param=param,
+                       code="unsupported_value", hint=f"send {param}: 1 and repeat the request "
+                       "for more answers")
+
+
+def _message_text(message: ChatMessageIn, index: int) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for part in message.content:
+        if part.type != "text":
+            raise ApiError(400, f"messages[{index}].content: {part.type!r} parts are not "
+                           "supported; this worker runs text models", param="messages")
+        texts.append(part.text or "")
+    return "\n".join(texts)
+
+
+def _token_text(tokenizer: Tokenizer, token: int) -> str:
+    return tokenizer.decode([token])
+
+
+def _chat_logprob(tokenizer: Tokenizer, lp: TokenLogprob) -> dict[str, Any]:
+    def entry(token: int, value: float) -> dict[str, Any]:
+        text = _token_text(tokenizer, token)
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+
+def _completion_logprobs(tokenizer: Tokenizer, chunks: Sequence[Chunk], offset: int
+                         ) -> dict[str, Any]:
+    tokens, values, tops, offsets = [], [], [], []
+    for chunk in chunks:
+        if chunk.logprob is None:
+            continue
+        text = _token_text(tokenizer, chunk.logprob.token_id)
+        tokens.append(text)
+        values.append(chunk.logprob.logprob)
+        tops.append({_token_text(tokenizer, t): v for t, v in chunk.logprob.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def usage(final: Final) -> dict[str, int]:
+    prompt, completion = final.result.prompt_tokens, final.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _meta(obj: str, prefix: str, model: LoadedModel) -> _Meta:
+    return _Meta(f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time()), model.id, obj,
+                 model.engine.tokenizer)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           ctx: Ctx) -> Response | dict[str, Any]:
+    model = ctx.models.require(body.model)
+    _refuse_many(body.n, "n")
+    if body.tools:
+        raise ApiError(501, "tools: tool calling is not supported by this worker yet",
+                       param="tools", code="not_supported", hint="send the request without tools")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise ApiError(501, f"response_format: {body.response_format.type!r} needs the JSON "
+                       "constraint, which this worker does not have yet",
+                       param="response_format", code="not_supported",
+                       hint="leave response_format out, or use {\"type\": \"text\"}")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+    messages = tuple(ChatMessage(m.role, _message_text(m, i)) for i, m in enumerate(body.messages))
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
+        else body.max_tokens
+    options = openai_options(body, model, max_tokens=max_tokens,
+                             top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    # Seam for engine sessions (issue 3): request.headers.get("x-session-id").
+    handle = ctx.submit(model, GenerateRequest(messages=messages, options=options))
+    first = await first_item(handle, request, OPENAI_RENAMES)
+    meta = _meta("chat.completion", "chatcmpl", model)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return JobStreamingResponse(_chat_stream(first, handle, meta, include_usage,
+                                                 body.logprobs), [handle], "text/event-stream")
+    chunks, final = await collect(handle, request, first, OPENAI_RENAMES)
+    logprobs = None
+    if body.logprobs:
+        logprobs = {"content": [_chat_logprob(meta.tokenizer, c.logprob) for c in chunks
+                                if c.logprob is not None]}
+    return {"id": meta.id, "object": meta.obj, "created": meta.created, "model": meta.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": final.text},
+                         "logprobs": logprobs, "finish_reason": _FINISH[final.stop]}],
+            "usage": usage(final)}
+
+
+async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: bool,
+                       want_logprobs: bool) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None,
+              logprobs: list[dict[str, Any]] | None = None) -> bytes:
+        payload: dict[str, Any] = {
+            "id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
+            "model": meta.model,
+            "choices": [{"index": 0, "delta": delta,
+                         "logprobs": {"content": logprobs} if logprobs else None,
+                         "finish_reason": finish}]}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    yield chunk({"role": "assistant", "content": ""})
+    pending: list[dict[str, Any]] = []
+    try:
+        async for item in items_after(first, handle):
+            if isinstance(item, Final):
+                yield chunk({}, _FINISH[item.stop], pending or None)
+                if include_usage:
+                    yield sse({"id": meta.id, "object": "chat.completion.chunk",
+                               "created": meta.created, "model": meta.model, "choices": [],
+                               "usage": usage(item)})
+                break
+            if want_logprobs and item.logprob is not None:
+                pending.append(_chat_logprob(meta.tokenizer, item.logprob))
+            if item.text:
+                yield chunk({"content": item.text}, None, pending or None)
+                pending = []
+    except ApiError as exc:
+        yield sse(error_body(exc, "openai"))
+    yield SSE_DONE
+
+
+def _single_prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return tuple(prompt)
+    if len(prompt) == 1:
+        only = prompt[0]
+        return only if isinstance(only, str) else tuple(only)
+    raise ApiError(400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt",
+                   hint="send the prompts as separate requests")
+
+
+async def _completion_request(body: CompletionRequest, model: LoadedModel) -> GenerateRequest:
+    prompt = _single_prompt(body.prompt)
+    options = openai_options(body, model, max_tokens=body.max_tokens,
+                             top_logprobs=body.logprobs, logprobs_field="logprobs")
+    engine = model.engine
+    if body.suffix is not None and (body.suffix or engine.fim_family is not None):
+        if not isinstance(prompt, str):
+            raise ApiError(400, "suffix: needs a text prompt (the code before the cursor)",
+                           param="suffix")
+        if body.echo:
+            raise ApiError(400, "echo: cannot be combined with suffix", param="echo")
+        return await asyncio.to_thread(engine.fim_request, prompt, body.suffix, options)
+    if isinstance(prompt, str):
+        return GenerateRequest(prompt=prompt, options=options)
+    return GenerateRequest(token_ids=prompt, options=options)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request,
+                      ctx: Ctx) -> Response | dict[str, Any]:
+    model = ctx.models.require(body.model)
+    _refuse_many(body.n, "n")
+    _refuse_many(body.best_of, "best_of")
+    if body.echo and body.logprobs is not None:
+        raise ApiError(400, "echo: prompt logprobs are not computed; drop echo or logprobs",
+                       param="echo")
+    gen = await _completion_request(body, model)
+    echo = ""
+    if body.echo:
+        echo = gen.prompt if gen.prompt is not None else model.engine.tokenizer.decode(
+            gen.token_ids or ())
+    handle = ctx.submit(model, gen)
+    first = await first_item(handle, request, OPENAI_RENAMES)
+    meta = _meta("text_completion", "cmpl", model)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    want_logprobs = body.logprobs is not None
+    if body.stream:
+        return JobStreamingResponse(_completion_stream(first, handle, meta, include_usage,
+                                                       want_logprobs, echo),
+                                    [handle], "text/event-stream")
+    chunks, final = await collect(handle, request, first, OPENAI_RENAMES)
+    logprobs = _completion_logprobs(meta.tokenizer, chunks, 0) if want_logprobs else None
+    return {"id": meta.id, "object": meta.obj, "created": meta.created, "model": meta.model,
+            "choices": [{"index": 0, "text": echo + final.text, "logprobs": logprobs,
+                         "finish_reason": _FINISH[final.stop]}],
+            "usage": usage(final)}
+
+
+async def _completion_stream(first: Item, handle: Any, meta: _Meta, include_usage: bool,
+                             want_logprobs: bool, echo: str) -> AsyncIterator[bytes]:
+    def chunk(text: str, finish: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> bytes:
+        payload: dict[str, Any] = {
+            "id": meta.id, "object": "text_completion", "created": meta.created,
+            "model": meta.model,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+                         "finish_reason": finish}]}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    if echo:
+        yield chunk(echo)
+    offset, pending = len(echo), list[Chunk]()
+    try:
+        async for item in items_after(first, handle):
+            if isinstance(item, Final):
+                lp = _completion_logprobs(meta.tokenizer, pending, offset) if pending else None
+                yield chunk("", _FINISH[item.stop], lp)
+                if include_usage:
+                    yield sse({"id": meta.id, "object": "text_completion",
+                               "created": meta.created, "model": meta.model, "choices": [],
+                               "usage": usage(item)})
+                break
+            if want_logprobs and item.logprob is not None:
+                pending.append(item)
+            if item.text:
+                lp = _completion_logprobs(meta.tokenizer, pending, offset) if pending else None
+                yield chunk(item.text, None, lp)
+                offset += len(item.text)
+                pending = []
+    except ApiError as exc:
+        yield sse(error_body(exc, "openai"))
+    yield SSE_DONE
+

@@ -1,0 +1,212 @@
+"""Each dialect's sampling fields -> ``GenerateOptions``, with that dialect's defaults.
+
+- OpenAI: temperature 1, top_p 1; ``top_p: 0`` keeps only the most likely token.
+- llama.cpp: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 (its server's defaults).
+  ``samplers`` names the steps that run (``top_k``, ``top_p``, ``min_p``,
+  ``temperature``, ``penalties``; or llama.cpp's letters ``kpmte``); the engine applies
+  them in its own fixed order (penalties, temperature, top-k, top-p, min-p). ``dry``,
+  ``typ_p``, ``xtc`` and ``infill`` are accepted and not applied (their llama.cpp
+  defaults leave the distribution unchanged, except ``infill``'s end-of-text boost).
+  ``seed`` -1 (or 0xFFFFFFFF) means random.
+- Ollama: temperature 0.8, top_k 40, top_p 0.9; ``repeat_penalty`` only when sent (the
+  engine's penalty spans the whole sequence, not Ollama's last 64 tokens).
+
+Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
+special tokens never appear in the output text, so a text stop could never match them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.config import GenerateOptions, StopSequence
+from engine.errors import InvalidOptionError
+from engine.server.errors import ApiError, from_exception
+from engine.server.models import LoadedModel
+from engine.server.schemas import LlamaSampling, OllamaOptions, _OpenAISampling
+from engine.tokenizer import Tokenizer
+
+OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "stop_sequences": "stop"}
+LLAMA_RENAMES = {"max_new_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
+                 "top_logprobs": "n_probs", "stop_sequences": "stop"}
+OLLAMA_RENAMES = {"max_new_tokens": "options.num_predict", "max_context": "options.num_ctx",
+                  "repetition_penalty": "options.repeat_penalty", "stop_sequences": "options.stop",
+                  "temperature": "options.temperature", "top_k": "options.top_k",
+                  "top_p": "options.top_p", "min_p": "options.min_p", "seed": "options.seed",
+                  "presence_penalty": "options.presence_penalty",
+                  "frequency_penalty": "options.frequency_penalty"}
+
+_LLAMA_LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p",
+                  "x": "xtc", "t": "temperature", "i": "infill", "e": "penalties"}
+_LLAMA_ALIASES = {"typical_p": "typ_p", "nucleus": "top_p", "temp": "temperature",
+                  "penalty": "penalties"}
+_SEED_SPACE = 2**64
+
+
+def make_options(fields: Mapping[str, Any], renames: Mapping[str, str]) -> GenerateOptions:
+    try:
+        return GenerateOptions(**fields)
+    except InvalidOptionError as exc:
+        raise from_exception(exc, renames=renames) from exc
+
+
+def seed_value(seed: int | None, *, random: Sequence[int] = ()) -> int | None:
+    """Any integer is a seed (folded into 64 bits); ``random`` values mean no seed."""
+    if seed is None or seed in random:
+        return None
+    return seed % _SEED_SPACE
+
+
+def stop_sequences(stops: str | Sequence[str] | None, tokenizer: Tokenizer
+                   ) -> tuple[StopSequence, ...]:
+    if stops is None:
+        return ()
+    items = [stops] if isinstance(stops, str) else list(stops)
+    out: list[StopSequence] = []
+    for text in items:
+        if not text:
+            continue  # clients send "" to mean nothing; the engine refuses empty stops
+        token = tokenizer.token_to_id(text)
+        if token is not None and token in tokenizer.special_token_ids:
+            out.append((token,))
+        else:
+            out.append(text)
+    return tuple(dict.fromkeys(out))
+
+
+def logit_bias(raw: Mapping[str, float] | Sequence[Sequence[Any]] | None, vocab_size: int,
+               tokenizer: Tokenizer, *, allow_text: bool = False) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}``, or llama.cpp's ``[[id or text, bias or false]]``
+    (``allow_text``: a text key biases each of its tokens)."""
+    param = "logit_bias"
+    if not raw:
+        return {}
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(raw, Mapping):
+        pairs = list(raw.items())
+    else:
+        for entry in raw:
+            if len(entry) != 2:
+                raise ApiError(400, f"{param}: expected [token, bias] pairs, got {entry!r}",
+                               param=param)
+            pairs.append((entry[0], entry[1]))
+    bias: dict[int, float] = {}
+    for key, value in pairs:
+        amount = -100.0 if value is False else value
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            raise ApiError(400, f"{param}: bias for {key!r} must be a number", param=param)
+        for token in _bias_tokens(key, tokenizer, allow_text):
+            if not 0 <= token < vocab_size:
+                raise ApiError(400, f"{param}: token id {token} is outside the vocabulary "
+                               f"(0..{vocab_size - 1})", param=param)
+            bias[token] = float(amount)
+    return bias
+
+
+def _bias_tokens(key: Any, tokenizer: Tokenizer, allow_text: bool) -> list[int]:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return [key]
+    if isinstance(key, str):
+        try:
+            return [int(key.strip())]
+        except ValueError:
+            pass
+        if key and allow_text:
+            return tokenizer.encode(key, parse_special=False)
+    raise ApiError(400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias",
+                   hint='e.g. {"42": -100}')
+
+
+def openai_options(body: _OpenAISampling, model: LoadedModel, *, max_tokens: int | None,
+                   top_logprobs: int | None, logprobs_field: str = "top_logprobs"
+                   ) -> GenerateOptions:
+    engine = model.engine
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if top_p == 0:
+        temperature, top_p = 0.0, 1.0
+    return make_options({
+        "max_new_tokens": engine.context_length if max_tokens is None else max_tokens,
+        "temperature": temperature, "top_p": top_p,
+        "top_k": 0 if body.top_k is None else body.top_k,
+        "min_p": 0.0 if body.min_p is None else body.min_p,
+        "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "logit_bias": logit_bias(body.logit_bias, engine.spec.vocab_size, engine.tokenizer),
+        "seed": seed_value(body.seed),
+        "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
+        "top_logprobs": top_logprobs,
+    }, {**OPENAI_RENAMES, "top_logprobs": logprobs_field})
+
+
+def _llama_samplers(value: Sequence[str] | str | None) -> set[str] | None:
+    if value is None:
+        return None
+    names = [_LLAMA_LETTERS.get(c, c) for c in value] if isinstance(value, str) else value
+    cleaned = {str(n).strip().lower().replace("-", "_") for n in names}
+    return {_LLAMA_ALIASES.get(n, n) for n in cleaned}
+
+
+def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int = 0
+                  ) -> GenerateOptions:
+    engine = model.engine
+    active = _llama_samplers(body.samplers)
+
+    def on(name: str) -> bool:
+        return active is None or name in active
+
+    temp = 0.8 if body.temperature is None else body.temperature
+    temperature = max(temp, 0.0) if on("temperature") else 1.0
+    top_k = 40 if body.top_k is None else max(body.top_k, 0)
+    top_k = top_k if on("top_k") else 0
+    top_p = 0.95 if body.top_p is None else body.top_p
+    if not on("top_p") or top_p >= 1.0:
+        top_p = 1.0
+    elif top_p <= 0.0:
+        top_p, top_k = 1.0, 1  # llama.cpp keeps one token
+    min_p = 0.05 if body.min_p is None else body.min_p
+    min_p = min(min_p, 1.0) if on("min_p") and min_p > 0 else 0.0
+    penalties = on("penalties")
+    repeat = body.repeat_penalty if body.repeat_penalty and body.repeat_penalty > 0 else 1.0
+    seed = seed_value(body.seed, random=(-1, 0xFFFFFFFF))
+    return make_options({
+        "max_new_tokens": engine.context_length if body.n_predict < 0 else body.n_predict,
+        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+        "repetition_penalty": repeat if penalties else 1.0,
+        "presence_penalty": (body.presence_penalty or 0.0) if penalties else 0.0,
+        "frequency_penalty": (body.frequency_penalty or 0.0) if penalties else 0.0,
+        "logit_bias": logit_bias(body.logit_bias, engine.spec.vocab_size, engine.tokenizer,
+                                 allow_text=True),
+        "seed": None if seed is None else (seed + seed_offset) % _SEED_SPACE,
+        "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
+        "stop_on_eos": not body.ignore_eos,
+        "top_logprobs": body.n_probs if body.n_probs > 0 else None,
+    }, LLAMA_RENAMES)
+
+
+def ollama_options(options: OllamaOptions | None, model: LoadedModel) -> GenerateOptions:
+    engine = model.engine
+    o = options or OllamaOptions()
+    temperature = 0.8 if o.temperature is None else max(o.temperature, 0.0)
+    top_k = 40 if o.top_k is None else max(o.top_k, 0)
+    top_p = 0.9 if o.top_p is None else o.top_p
+    if top_p >= 1.0:
+        top_p = 1.0
+    elif top_p <= 0.0:
+        top_p, temperature = 1.0, 0.0
+    num_predict = o.num_predict
+    return make_options({
+        "max_new_tokens": engine.context_length if num_predict is None or num_predict < 0
+        else num_predict,
+        "max_context": None if o.num_ctx is None else min(o.num_ctx, engine.context_length)
+        if o.num_ctx >= 2 else o.num_ctx,
+        "temperature": temperature, "top_k": top_k, "top_p": top_p,
+        "min_p": 0.0 if o.min_p is None else o.min_p,
+        "repetition_penalty": 1.0 if o.repeat_penalty is None else o.repeat_penalty,
+        "presence_penalty": o.presence_penalty or 0.0,
+        "frequency_penalty": o.frequency_penalty or 0.0,
+        "seed": seed_value(o.seed, random=(-1,)),
+        "stop_sequences": stop_sequences(o.stop, engine.tokenizer),
+    }, OLLAMA_RENAMES)

@@ -1,0 +1,220 @@
+"""Request bodies of every dialect, as pydantic models (they are the OpenAPI schema too).
+
+Unknown fields are ignored. Fields a client may send but the worker cannot honour are
+declared here and refused in the route with a message (never silently dropped when they
+would change the answer). Bounds that protect the server (stop strings, their length)
+live here; option values are checked by ``GenerateOptions``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StopText = Annotated[str, Field(max_length=512)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=64)] | None
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- OpenAI ---------------------------------------------------------------------------
+
+
+class ContentPart(_Body):
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatMessageIn(_Body):
+    role: Annotated[str, Field(max_length=64)]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Body):
+    type: str = "text"
+
+
+class _OpenAISampling(_Body):
+    model: str = ""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Extensions llama.cpp and vLLM accept on these routes too.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = ""
+    suffix: str | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+
+
+# --- llama.cpp ------------------------------------------------------------------------
+
+
+class InfillExtra(_Body):
+    text: str = ""
+    filename: str = ""
+    time: float | None = None
+
+
+class LlamaSampling(_Body):
+    """The sampling and stopping fields /completion and /infill share."""
+
+    model: str = ""
+    n_predict: int = -1
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: Annotated[list[StopText], Field(max_length=64)] | None = None
+    samplers: list[str] | str | None = None
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | list[list[Any]] | None = None
+    n_probs: int = 0
+    stream: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    t_max_prompt_ms: float | None = None
+    t_max_predict_ms: float | None = None
+    n_indent: int = 0
+    response_fields: list[str] | None = None
+    n_cmpl: int = 1
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+class InfillRequest(LlamaSampling):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillExtra] = Field(default_factory=list)
+    prompt: str = ""
+
+
+class LlamaCompletionRequest(LlamaSampling):
+    prompt: str | list[TokenId] = ""
+
+
+class TokenizeRequest(_Body):
+    content: str = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[TokenId] = Field(default_factory=list)
+
+
+class ApplyTemplateRequest(_Body):
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
+
+
+# --- Ollama ---------------------------------------------------------------------------
+
+
+class OllamaOptions(_Body):
+    num_predict: int | None = None
+    num_ctx: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: Annotated[list[StopText], Field(max_length=64)] | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class OllamaShowRequest(_Body):
+    model: str = ""
+    name: str = ""
+
+
+class OllamaGenerateRequest(_Body):
+    model: str = ""
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    raw: bool = False
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: str | dict[str, Any] | None = None
+    images: list[str] | None = None
+    keep_alive: str | int | float | None = None
+
+
+class OllamaChatMessage(_Body):
+    role: Annotated[str, Field(max_length=64)]
+    content: str = ""
+    images: list[str] | None = None
+
+
+class OllamaChatRequest(_Body):
+    model: str = ""
+    messages: Annotated[list[OllamaChatMessage], Field(min_length=1)]
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    keep_alive: str | int | float | None = None
+
+
+# --- the app's own --------------------------------------------------------------------
+
+
+class LoadModelRequest(_Body):
+    model: Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class UnloadModelRequest(_Body):
+    model: str = ""
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The OpenAI error shape (llama.cpp routes: code/message/type; Ollama: a string)."""
+
+    error: ErrorDetail | str
+

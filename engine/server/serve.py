@@ -1,0 +1,124 @@
+"""`python -m engine serve`: bind, load, print one ready line, serve until SIGINT/SIGTERM.
+
+The ready line is the only thing written to stdout, once the socket listens::
+
+    {"event":"ready","url":"http://127.0.0.1:8012","host":"127.0.0.1","port":8012,
+     "pid":1234,"model":"qwen2.5-coder-1.5b","admin_token_file":"/home/u/.config/..."}
+
+Logs go to stderr. On a signal the server stops accepting, lets in-flight requests finish
+for ``--graceful-shutdown`` seconds, cancels the rest, stops the engine thread, exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.server.app import build_context, create_app
+from engine.server.config import ServerConfig
+from engine.server.security import ensure_admin_token
+
+log = logging.getLogger("engine.server")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    token, token_file = ensure_admin_token(args.admin_token_file)
+    engine = EngineConfig(provider=args.provider, intra_op_threads=args.threads,
+                          kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
+                          host_ram_limit=args.host_ram_limit)
+    return ServerConfig(
+        host=args.host, port=args.port, model=args.model, models_dirs=tuple(args.models_dir),
+        api_key=args.api_key, admin_token=token, admin_token_file=token_file,
+        cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
+        max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,
+        access_log=args.access_log)
+
+
+def warn_if_exposed(config: ServerConfig) -> None:
+    """A loud warning on stderr when the bind address is not loopback."""
+    if config.loopback:
+        return
+    lines = [f"the worker listens on {config.host}: other machines on your network can reach it"]
+    if config.api_key is None:
+        lines.append("and there is NO --api-key: anyone who can reach it can use your model")
+    bar = "!" * 78
+    log.warning("\n%s\n%s\n%s", bar, "\n".join(f"!! WARNING: {line}" for line in lines), bar)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+    # proto says TCP; with proto 0 each SSE chunk after the headers would wait ~40 ms for a
+    # delayed ACK on kept-alive connections.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class WorkerServer(uvicorn.Server):
+    """uvicorn's server, plus the ready line, and an exit code of 0 after a signal."""
+
+    def __init__(self, config: uvicorn.Config, ready: dict[str, Any] | None) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._ready is not None:
+            sys.stdout.write(json.dumps(self._ready) + "\n")
+            sys.stdout.flush()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()  # a graceful stop is a normal exit, not a re-raised signal
+
+
+def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
+    return uvicorn.Config(app, log_config=None, access_log=config.access_log, lifespan="on",
+                          timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
+                          ws="none")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except OSError as exc:
+        raise EngineError(f"cannot read or create the admin token file: {exc}",
+                          hint="pass --admin-token-file PATH in a folder you can write") from exc
+    warn_if_exposed(config)
+    try:
+        sock = bind(config.host, config.port)
+    except OSError as exc:
+        raise EngineError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
+                          hint="pick another --port (0 = any free port) or stop the program "
+                          "using it") from exc
+    ctx = build_context(config)  # loads --model: a bad folder fails before the ready line
+    app = create_app(config, ctx)
+    current = ctx.models.current
+    ready = {"event": "ready", "url": url_of(sock), "host": config.host,
+             "port": sock.getsockname()[1], "pid": os.getpid(),
+             "model": current.id if current else None,
+             "admin_token_file": str(config.admin_token_file)}
+    server = WorkerServer(uvicorn_config(app, config), ready)
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,239 @@
+"""The engine thread: the one thread that touches an Engine, and the queue in front of it.
+
+The asyncio side calls :meth:`EngineWorker.submit` with a job function and gets a
+:class:`JobHandle` back at once. The job function runs later on the engine thread; every
+item it yields is handed to the event loop (``loop.call_soon_threadsafe``) and read with
+``async for item in handle``. ``handle.cancel()`` sets the job's cancel flag, which the
+engine checks once per token; a job cancelled while it waits never starts.
+
+Jobs run first in, first out. ``priority`` is accepted and recorded so callers are already
+written against the scheduler's interface (low / normal / high, preemption between
+tokens); until the scheduler lands it does not change the order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Priority = Literal["low", "normal", "high"]
+#: A job: called on the engine thread with the job's cancel flag; yields items.
+JobFn = Callable[[threading.Event], Iterator[T]]
+
+_ITEM, _ERROR, _DONE = "item", "error", "done"
+
+
+class QueueFullError(Exception):
+    """Too many requests wait for the engine; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, waiting: int, retry_after_s: int) -> None:
+        self.waiting = waiting
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{waiting} requests are already waiting for the engine")
+
+
+class WorkerStoppedError(Exception):
+    """The worker is shutting down; the job did not run (or was cut short)."""
+
+
+class JobHandle(Generic[T]):
+    """The asyncio side of one job: ``async for item in handle``; ``cancel()``.
+
+    Iteration raises the job's exception, if it raised one, after its earlier items.
+    """
+
+    def __init__(self, job_id: int, priority: Priority, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = job_id
+        self.priority = priority
+        self.cancel_event = threading.Event()
+        self._loop = loop
+        self._items: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
+        self._finished = False
+
+    def cancel(self) -> None:
+        """Ask the job to stop: before it starts, or at its next token."""
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def __aiter__(self) -> JobHandle[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._finished:
+            raise StopAsyncIteration
+        kind, value = await self._items.get()
+        if kind == _ITEM:
+            return value  # type: ignore[return-value]
+        self._finished = True
+        if kind == _ERROR:
+            assert isinstance(value, BaseException)
+            raise value
+        raise StopAsyncIteration
+
+    # --- called on the engine thread ---------------------------------------------------
+
+    def _post(self, kind: str, value: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancel_event.set()
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What one finished job did (the last few are kept for /metrics and tests)."""
+
+    id: int
+    priority: Priority
+    wait_s: float
+    run_s: float
+    items: int
+    #: Items flagged ``is_step`` (tokens) that the job yielded after it was cancelled.
+    steps_after_cancel: int
+    cancelled: bool
+    error: str | None
+
+
+@dataclass
+class _Job(Generic[T]):
+    fn: JobFn[T]
+    handle: JobHandle[T]
+    queued_at: float
+
+
+class EngineWorker:
+    """One engine thread and its FIFO queue (see the module docstring)."""
+
+    def __init__(self, *, max_queue: int = 64, history: int = 256) -> None:
+        self.max_queue = max_queue
+        self._queue: queue.Queue[_Job[object] | None] = queue.Queue()
+        self._ids = itertools.count(1)
+        self._active: _Job[object] | None = None
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.history: deque[JobRecord] = deque(maxlen=history)
+        self.on_record: Callable[[JobRecord], None] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    @property
+    def waiting(self) -> int:
+        """Jobs queued and not started."""
+        return self._pending
+
+    @property
+    def idle(self) -> bool:
+        """True when no job runs and none waits."""
+        return self._active is None and self._pending == 0
+
+    def submit(self, fn: JobFn[T], priority: Priority = "normal") -> JobHandle[T]:
+        """Queue ``fn`` for the engine thread; call from the event loop's thread."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._stopping:
+                raise WorkerStoppedError("the worker is shutting down")
+            if self._pending >= self.max_queue:
+                raise QueueFullError(self._pending, self._retry_after())
+            self._pending += 1
+            handle: JobHandle[T] = JobHandle(next(self._ids), priority, loop)
+            self._queue.put(_Job(fn, handle, time.perf_counter()))  # type: ignore[arg-type]
+        return handle
+
+    def _retry_after(self) -> int:
+        recent = [r.wait_s + r.run_s for r in list(self.history)[-16:]]
+        per_job = sum(recent) / len(recent) if recent else 1.0
+        return max(1, math.ceil(per_job * max(1, self._pending) / 2))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel running and waiting jobs, then end the engine thread."""
+        with self._lock:
+            self._stopping = True
+            active = self._active
+        if active is not None:
+            active.handle.cancel()
+        with self._lock:
+            while True:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    self._pending -= 1
+                    job.handle.cancel()
+                    job.handle._post(_ERROR, WorkerStoppedError("the worker is shutting down"))
+            self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the engine thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                self._pending -= 1
+                self._active = job
+            try:
+                self._execute(job)
+            finally:
+                with self._lock:
+                    self._active = None
+
+    def _execute(self, job: _Job[object]) -> None:
+        handle = job.handle
+        started = time.perf_counter()
+        items = after_cancel = 0
+        error: str | None = None
+        if handle.cancelled:
+            handle._post(_DONE, None)
+        else:
+            gen = job.fn(handle.cancel_event)
+            try:
+                for item in gen:
+                    items += 1
+                    if handle.cancelled and getattr(item, "is_step", False):
+                        after_cancel += 1
+                    handle._post(_ITEM, item)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                handle._post(_ERROR, exc)
+            else:
+                handle._post(_DONE, None)
+            finally:
+                close = getattr(gen, "close", None)
+                if close is not None:
+                    close()
+        record = JobRecord(
+            id=handle.id, priority=handle.priority, wait_s=started - job.queued_at,
+            run_s=time.perf_counter() - started, items=items, steps_after_cancel=after_cancel,
+            cancelled=handle.cancelled, error=error)
+        self.history.append(record)
+        if self.on_record is not None:
+            try:
+                self.on_record(record)
+            except Exception:  # metrics must never take the engine thread down
+                log.exception("recording job %s failed", handle.id)

@@ -1,0 +1,84 @@
+"""`python -m engine serve` as the GUI starts it: a subprocess, a ready line, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.engine.server.live import sse_events
+
+
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", "0",
+                             "--threads", "1", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _ready(proc: subprocess.Popen[str]) -> dict:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_ready_line_then_graceful_shutdown_finishes_in_flight_work(slow_model_dir, tmp_path,
+                                                                    sig):
+    token_file = tmp_path / "admin-token"
+    proc = _start("--model", str(slow_model_dir), "--admin-token-file", str(token_file),
+                  "--host", "0.0.0.0" if sig == signal.SIGINT else "127.0.0.1")
+    try:
+        ready = _ready(proc)
+        assert ready["event"] == "ready" and ready["pid"] == proc.pid
+        assert ready["model"] == "qwen-coder-slow" and ready["port"] > 0
+        assert ready["admin_token_file"] == str(token_file)
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        url = f"http://127.0.0.1:{ready['port']}"
+        assert httpx.get(url + "/health").json()["state"] == "ready"
+        events: list = []
+        first = threading.Event()
+
+        def stream() -> None:
+            with httpx.stream("POST", url + "/completion", timeout=30, json={
+                    "prompt": "def f():", "n_predict": 80, "stream": True,
+                    "ignore_eos": True}) as response:
+                for event in sse_events(response.iter_lines()):
+                    events.append(event)
+                    first.set()
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert first.wait(20)
+        proc.send_signal(sig)
+        reader.join(30)
+        assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 80
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in stderr
+    if sig == signal.SIGINT:  # the 0.0.0.0 run
+        assert "WARNING" in stderr and "NO --api-key" in stderr
+
+
+@pytest.mark.parametrize("problem", ["missing model", "bad limit"])
+def test_errors_at_start_come_before_the_ready_line(tmp_path: Path, slow_model_dir: Path,
+                                                    problem: str):
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    args = (["--model", str(tmp_path / "missing")] if problem == "missing model" else
+            ["--model", str(slow_model_dir), "--vram-limit", "banana"])
+    proc = _start(*args, env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and out == ""
+    assert "error:" in err and "fix:" in err and "Traceback" not in err
+    assert ("vram_limit" in err) == (problem == "bad limit")
+    assert (tmp_path / "config" / "onnx-local-llm" / "admin-token").is_file()

@@ -1,0 +1,118 @@
+"""Streaming is incremental, and a client that leaves frees the engine within one token
+(timed on a model slow enough, ~7 ms a token, to see it)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import statistics
+import threading
+import time
+
+from tests.engine.server.live import LiveServer, serve, sse_events
+
+LONG = {"n_predict": 60, "temperature": 0, "samplers": ["temperature"], "ignore_eos": True}
+
+
+def test_first_chunk_within_ttft_plus_20ms_and_chunks_spread(slow_server: LiveServer):
+    slow_server.wait_idle()
+    arrivals: list[float] = []
+    with slow_server.client() as http:
+        http.post("/completion", json={"prompt": "warm up", "n_predict": 2, "stream": True})
+        start = time.perf_counter()
+        with http.stream("POST", "/completion", json={"prompt": "def g(y):\n" * 20,
+                                                      "stream": True, **LONG}) as response:
+            events = []
+            for event in sse_events(response.iter_lines()):
+                arrivals.append(time.perf_counter() - start)
+                events.append(event)
+    final = events[-1]
+    assert final["stop"] is True and final["timings"]["predicted_n"] == 60
+    ttft_s = final["timings"]["prompt_ms"] / 1e3
+    assert arrivals[0] <= ttft_s + 0.020, (arrivals[0], ttft_s)
+    token_arrivals = arrivals[:-1]
+    assert sum(1 for e in events[:-1] if e["tokens"]) == 60  # one event per token
+    span = token_arrivals[-1] - token_arrivals[0]
+    predicted_s = final["timings"]["predicted_ms"] / 1e3
+    assert span >= 0.6 * predicted_s  # not one burst at the end
+    gaps = [b - a for a, b in itertools.pairwise(token_arrivals)]
+    assert statistics.median(gaps) >= 0.5 * predicted_s / 60
+
+
+def test_openai_chat_stream_is_incremental_too(slow_server: LiveServer):
+    slow_server.wait_idle()
+    arrivals: list[float] = []
+    with slow_server.client() as http:
+        start = time.perf_counter()
+        with http.stream("POST", "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "max_tokens": 40, "temperature": 0, "logit_bias": {"0": -100},
+                "stream_options": {"include_usage": True}}) as response:
+            for _ in sse_events(response.iter_lines()):
+                arrivals.append(time.perf_counter() - start)
+    total = arrivals[-1]
+    assert arrivals[1] < 0.5 * total  # the first content chunk long before the end
+
+
+def test_disconnect_mid_stream_cancels_within_one_token(slow_server: LiveServer):
+    slow_server.wait_idle()
+    with slow_server.client() as http, http.stream(
+            "POST", "/completion", json={"prompt": "import os\n", "stream": True,
+                                         **{**LONG, "n_predict": 800}}) as response:
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            if line.startswith("data: "):
+                seen += 1
+                if seen == 2:
+                    break
+        closed = time.perf_counter()
+    idle_after = slow_server.wait_idle()
+    record = slow_server.ctx.worker.history[-1]
+    assert record.cancelled and record.steps_after_cancel <= 1
+    assert record.items < 100  # far from the 800 tokens asked for
+    assert idle_after < 0.25, idle_after
+    assert time.perf_counter() - closed < 1.0
+    with slow_server.client() as http:  # the next request runs normally
+        body = http.post("/completion", json={"prompt": "x", "n_predict": 3}).json()
+    assert body["tokens_predicted"] <= 3 and body["stop"] is True
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(slow_server):
+    slow_server.wait_idle()
+    host, port = slow_server.url.rsplit("/", 1)[-1].split(":")
+    body = json.dumps({"input_prefix": "def f():\n", "input_suffix": "", **LONG,
+                       "n_predict": 800}).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /infill HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        time.sleep(0.15)
+    slow_server.wait_idle()
+    record = slow_server.ctx.worker.history[-1]
+    assert record.cancelled and record.items < 200
+
+
+def test_a_full_queue_answers_429_with_retry_after(slow_model_dir):
+    live = serve(slow_model_dir, max_queue=1)
+    try:
+        with live.client() as http, http.stream("POST", "/completion", json={
+                "prompt": "x", "stream": True, **{**LONG, "n_predict": 800}}) as running:
+            events = sse_events(running.iter_lines())  # keep it: closing it hangs up
+            next(events)  # the engine thread is busy now
+            def queued() -> None:
+                with live.client() as other:
+                    other.post("/completion", json={"prompt": "y", "n_predict": 2})
+
+            waiting = threading.Thread(target=queued)
+            waiting.start()
+            while live.ctx.worker.waiting < 1:
+                time.sleep(0.001)
+            refused = http.post("/v1/completions", json={"prompt": "z"})
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["code"] == "server_busy"
+        waiting.join(30)
+    finally:
+        live.stop()
