@@ -17,20 +17,22 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from engine.api import GenerateEvent, GenerateRequest
+from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.decode import DecodeRunner
 from engine.decode_gqa import SharedBufferRunner
 from engine.engine import Engine, common_prefix_len
-from engine.errors import CancelledError, EngineError, InvalidOptionError
+from engine.errors import EngineError, InvalidOptionError
 from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
 from engine.request import RequestRun
 from engine.sessions import Session
+from engine.stopping import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,42 @@ class Scheduler:
         self._inbox.put(ticket)
         self._wake.set()
         return ticket
+
+    @classmethod
+    def of(cls, engine: Engine) -> Scheduler:
+        """The engine's scheduler (one per engine, created on first use)."""
+        existing = engine.__dict__.get("_scheduler")
+        if existing is None:
+            existing = engine.__dict__["_scheduler"] = cls(engine)
+        return existing
+
+    def stream(self, request: GenerateRequest, *, priority: Priority = "normal",
+               session_id: int | None = None,
+               cancel: threading.Event | None = None
+               ) -> Generator[GenerateEvent, None, None]:
+        """Submit and pull this request's events, stepping the scheduler as needed.
+
+        Call on the engine thread. Several such streams consumed in turn run their
+        requests together: each step advances (and batches) all of them, and events of
+        the others wait in their own boxes.
+        """
+        box: deque[GenerateEvent | BaseException] = deque()
+        ticket = self.submit(request, box.append, priority=priority, session_id=session_id,
+                             cancel=cancel)
+        try:
+            while True:
+                while not box:
+                    if not self.step() and not box:
+                        raise RuntimeError("the scheduler went idle before the request ended")
+                item = box.popleft()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.result is not None:
+                    return
+        finally:
+            if not ticket.done:
+                ticket.cancel.set()  # the consumer left early: stop at the next step
 
     def run_forever(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
         """The engine thread's loop."""
@@ -186,8 +224,8 @@ class Scheduler:
             self.waiting.remove(ticket)
             ticket.done = True
             run = ticket.run
-            if run is None:
-                ticket.sink(CancelledError("the request was cancelled before it started"))
+            if run is None:  # never started: an empty, cancelled result
+                ticket.sink(_cancelled_event(ticket))
                 continue
             # preempted, then cancelled: its runner serves others now; keep the history
             session = self._session(ticket)
@@ -306,3 +344,11 @@ class Scheduler:
 def _run_of(ticket: Ticket) -> RequestRun:
     assert ticket.run is not None, "an active ticket has a run"
     return ticket.run
+
+
+def _cancelled_event(ticket: Ticket) -> GenerateEvent:
+    now = time.perf_counter()
+    result = GenerateResult(
+        text="", token_ids=(), finish_reason=FinishReason("cancelled"), prompt_tokens=0,
+        timings=Timings(0.0, 0.0, 0.0, (now - ticket.submitted) * 1e3))
+    return GenerateEvent("", None, None, now, result=result)

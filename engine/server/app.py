@@ -73,7 +73,7 @@ class RequestMetricsMiddleware:
 
 def build_context(config: ServerConfig) -> ServerContext:
     """The worker's state; loads ``config.model`` now (errors surface before listening)."""
-    worker = EngineWorker(max_queue=config.max_queue)
+    worker = EngineWorker(max_queue=config.max_queue, max_running=config.engine.max_batch)
     metrics = Metrics()
     worker.on_record = metrics.observe_job
     models = ModelManager(worker, config.models_dirs, config.engine, trusted=config.model)

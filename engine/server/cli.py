@@ -41,3 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ...")
     eng.add_argument("--host-ram-limit", default="auto",
                      help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")
+    eng.add_argument("--kv-store-dir", type=Path,
+                     help="where prompt KV is kept across restarts (default: the user cache)")
+    eng.add_argument("--no-kv-store", action="store_true",
+                     help="keep no prompt KV across requests on disk")

@@ -18,6 +18,7 @@ from typing import Literal
 
 from engine.engine import Engine, GenerateRequest, GenerateResult, Timings
 from engine.sampling import TokenLogprob
+from engine.scheduler import Priority, Scheduler
 from engine.stopping import CANCELLED
 
 LimitKind = Literal["t_max_prompt_ms", "t_max_predict_ms", "n_indent"]
@@ -153,8 +154,10 @@ def _empty_result(engine: Engine, request: GenerateRequest, started: float) -> G
 
 
 def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.Event,
-                   limits: Limits = Limits()) -> Iterator[Chunk | Final]:
-    """Stream ``request`` on ``engine`` (call on the engine thread)."""
+                   limits: Limits = Limits(),
+                   priority: Priority = "normal") -> Iterator[Chunk | Final]:
+    """Stream ``request`` on ``engine`` through its scheduler (call on the engine thread:
+    several of these consumed in turn run, and batch, together)."""
     started = time.perf_counter()
     timer = _PromptTimer(limits.prompt_ms, cancel)
     gate = IndentGate(limits.n_indent) if limits.n_indent > 0 else None
@@ -163,7 +166,8 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
     limit: LimitKind | None = None
     result: GenerateResult | None = None
     try:
-        with closing(engine.stream(request, cancel)) as events:
+        stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel)
+        with closing(stream) as events:
             for event in events:
                 if event.result is not None:
                     result = event.result
@@ -205,13 +209,14 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
 def generation_job(engine_of: Callable[[], Engine], request: GenerateRequest,
                    limits: Limits = Limits(),
                    on_final: Callable[[Final], None] | None = None,
+                   priority: Priority = "normal",
                    ) -> Callable[[threading.Event], Iterator[Chunk | Final]]:
     """A worker job: resolve the engine when the job starts (it may have been unloaded
     while the job waited: ``engine_of`` raises then), run, report the final item."""
 
     def job(cancel: threading.Event) -> Iterator[Chunk | Final]:
         engine = engine_of()
-        for item in run_generation(engine, request, cancel, limits):
+        for item in run_generation(engine, request, cancel, limits, priority):
             if isinstance(item, Final) and on_final is not None:
                 on_final(item)
             yield item

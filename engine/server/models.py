@@ -265,7 +265,7 @@ class ModelManager:
             yield Engine.load(path, config)
 
         try:
-            handle = self._worker.submit(job, "high")
+            handle = self._worker.submit(job, "high", exclusive=True)
             engines = [engine async for engine in handle]
         except BaseException:
             self.state, self.loading = "empty", None
@@ -288,7 +288,7 @@ class ModelManager:
             gc.collect()
             yield None
 
-        await asyncio.shield(self._drain(self._worker.submit(job, "high")))
+        await asyncio.shield(self._drain(self._worker.submit(job, "high", exclusive=True)))
         return model.id
 
     @staticmethod

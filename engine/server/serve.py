@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KVStoreConfig
 from engine.errors import EngineError
 from engine.server.app import build_context, create_app
 from engine.server.config import ServerConfig
@@ -33,9 +33,14 @@ log = logging.getLogger("engine.server")
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     token, token_file = ensure_admin_token(args.admin_token_file)
+    # A desktop worker: threads never spin (no idle CPU burned), and editors' prompts
+    # keep their KV in the tiered store so a restart does not recompute them.
+    store = None if args.no_kv_store else KVStoreConfig(
+        disk_dir=str(args.kv_store_dir) if args.kv_store_dir else None)
     engine = EngineConfig(provider=args.provider, intra_op_threads=args.threads,
                           kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
-                          host_ram_limit=args.host_ram_limit)
+                          host_ram_limit=args.host_ram_limit, spin_duration_us=0,
+                          kv_store=store)
     return ServerConfig(
         host=args.host, port=args.port, model=args.model, models_dirs=tuple(args.models_dir),
         api_key=args.api_key, admin_token=token, admin_token_file=token_file,

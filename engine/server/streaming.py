@@ -47,7 +47,7 @@ class ServerContext:
                limits: Limits = Limits(),  # noqa: B008
                priority: Priority = "normal") -> JobHandle[Item]:
         job = generation_job(lambda: self.models.engine_for(model), request, limits,
-                             on_final=self.metrics.observe_generation)
+                             on_final=self.metrics.observe_generation, priority=priority)
         try:
             return self.worker.submit(job, priority)
         except Exception as exc:

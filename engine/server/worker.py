@@ -6,9 +6,12 @@ item it yields is handed to the event loop (``loop.call_soon_threadsafe``) and r
 ``async for item in handle``. ``handle.cancel()`` sets the job's cancel flag, which the
 engine checks once per token; a job cancelled while it waits never starts.
 
-Jobs run first in, first out. ``priority`` is accepted and recorded so callers are already
-written against the scheduler's interface (low / normal / high, preemption between
-tokens); until the scheduler lands it does not change the order.
+Jobs run together: each round the thread takes one item from every running job, most
+urgent first (high, normal, low; then oldest). Generation jobs pull their events from the
+engine's scheduler (``engine.scheduler``), so one round is one scheduler step that
+advances, and batches, every running generation; an urgent prompt is prefilled alone
+first. ``exclusive`` jobs (loading or unloading a model) run alone: they start when the
+running jobs have finished and hold new ones back until they are done.
 """
 
 from __future__ import annotations
@@ -109,22 +112,34 @@ class JobRecord:
     error: str | None
 
 
+_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
 @dataclass
 class _Job(Generic[T]):
     fn: JobFn[T]
     handle: JobHandle[T]
     queued_at: float
+    exclusive: bool = False
+    started: float = 0.0
+    gen: Iterator[T] | None = None
+    items: int = 0
+    after_cancel: int = 0
 
 
 class EngineWorker:
     """One engine thread and its FIFO queue (see the module docstring)."""
 
-    def __init__(self, *, max_queue: int = 64, history: int = 256) -> None:
+    def __init__(self, *, max_queue: int = 64, max_running: int = 1,
+                 history: int = 256) -> None:
         self.max_queue = max_queue
+        #: Jobs the engine runs at once (its batch); more than that wait.
+        self.max_running = max_running
         self._queue: queue.Queue[_Job[object] | None] = queue.Queue()
         self._ids = itertools.count(1)
-        self._active: _Job[object] | None = None
-        self._pending = 0
+        self._active: list[_Job[object]] = []
+        self._held: deque[_Job[object]] = deque()  # admitted later (an exclusive job runs)
+        self._pending = 0  # submitted and not finished
         self._lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -140,49 +155,51 @@ class EngineWorker:
 
     @property
     def waiting(self) -> int:
-        """Jobs queued and not started."""
-        return self._pending
+        """Jobs beyond what the engine runs at once."""
+        return max(0, self._pending - self.max_running)
 
     @property
     def idle(self) -> bool:
         """True when no job runs and none waits."""
-        return self._active is None and self._pending == 0
+        return not self._active and not self._held and self._pending == 0
 
-    def submit(self, fn: JobFn[T], priority: Priority = "normal") -> JobHandle[T]:
+    def submit(self, fn: JobFn[T], priority: Priority = "normal", *,
+               exclusive: bool = False) -> JobHandle[T]:
         """Queue ``fn`` for the engine thread; call from the event loop's thread."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._stopping:
                 raise WorkerStoppedError("the worker is shutting down")
-            if self._pending >= self.max_queue:
-                raise QueueFullError(self._pending, self._retry_after())
+            if self._pending >= self.max_running + self.max_queue:
+                raise QueueFullError(self.waiting, self._retry_after())
             self._pending += 1
             handle: JobHandle[T] = JobHandle(next(self._ids), priority, loop)
-            self._queue.put(_Job(fn, handle, time.perf_counter()))  # type: ignore[arg-type]
+            self._queue.put(_Job(fn, handle, time.perf_counter(),  # type: ignore[arg-type]
+                                 exclusive=exclusive))
         return handle
 
     def _retry_after(self) -> int:
         recent = [r.wait_s + r.run_s for r in list(self.history)[-16:]]
         per_job = sum(recent) / len(recent) if recent else 1.0
-        return max(1, math.ceil(per_job * max(1, self._pending) / 2))
+        return max(1, math.ceil(per_job * max(1, self.waiting) / 2))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel running and waiting jobs, then end the engine thread."""
         with self._lock:
             self._stopping = True
-            active = self._active
-        if active is not None:
-            active.handle.cancel()
+            active = list(self._active)
+        for job in active:
+            job.handle.cancel()
         with self._lock:
             while True:
                 try:
-                    job = self._queue.get_nowait()
+                    queued = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if job is not None:
+                if queued is not None:
                     self._pending -= 1
-                    job.handle.cancel()
-                    job.handle._post(_ERROR, WorkerStoppedError("the worker is shutting down"))
+                    queued.handle.cancel()
+                    queued.handle._post(_ERROR, WorkerStoppedError("the worker is shutting down"))
             self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -191,42 +208,81 @@ class EngineWorker:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            if not self._admit():
+                while self._held:  # shutting down: what never started is refused,
+                    job = self._held.popleft()
+                    job.handle._post(_ERROR, WorkerStoppedError("the worker is shutting down"))
+                    with self._lock:
+                        self._pending -= 1
+                for job in self._active:  # and what runs stops at its next token
+                    job.handle.cancel()
+                while self._active:
+                    self._round()
                 return
-            with self._lock:
-                self._pending -= 1
-                self._active = job
-            try:
-                self._execute(job)
-            finally:
-                with self._lock:
-                    self._active = None
+            self._round()
 
-    def _execute(self, job: _Job[object]) -> None:
-        handle = job.handle
-        started = time.perf_counter()
-        items = after_cancel = 0
-        error: str | None = None
-        if handle.cancelled:
-            handle._post(_DONE, None)
-        else:
-            gen = job.fn(handle.cancel_event)
+    def _admit(self) -> bool:
+        """Move queued jobs in (waiting when nothing runs); False on the stop sentinel."""
+        block = not self._active and not self._held
+        while True:
             try:
-                for item in gen:
-                    items += 1
-                    if handle.cancelled and getattr(item, "is_step", False):
-                        after_cancel += 1
-                    handle._post(_ITEM, item)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                handle._post(_ERROR, exc)
-            else:
+                job = self._queue.get(block=block)
+            except queue.Empty:
+                break
+            block = False
+            if job is None:
+                return False
+            self._held.append(job)
+        while self._held and len(self._active) < self.max_running:
+            job = self._held[0]
+            if self._active and (job.exclusive or any(j.exclusive for j in self._active)):
+                break  # an exclusive job runs alone
+            self._held.popleft()
+            self._start(job)
+        return True
+
+    def _start(self, job: _Job[object]) -> None:
+        job.started = time.perf_counter()
+        if job.handle.cancelled:
+            job.handle._post(_DONE, None)
+            self._record(job, None)
+            return
+        job.gen = iter(job.fn(job.handle.cancel_event))
+        with self._lock:
+            self._active.append(job)
+
+    def _round(self) -> None:
+        """One item from every running job, most urgent first."""
+        for job in sorted(self._active, key=lambda j: (_RANK[j.handle.priority], j.queued_at)):
+            assert job.gen is not None
+            handle = job.handle
+            try:
+                item = next(job.gen)
+            except StopIteration:
                 handle._post(_DONE, None)
-            finally:
-                close = getattr(gen, "close", None)
-                if close is not None:
-                    close()
+                self._finish(job, None)
+                continue
+            except Exception as exc:
+                handle._post(_ERROR, exc)
+                self._finish(job, f"{type(exc).__name__}: {exc}")
+                continue
+            job.items += 1
+            if handle.cancelled and getattr(item, "is_step", False):
+                job.after_cancel += 1
+            handle._post(_ITEM, item)
+
+    def _finish(self, job: _Job[object], error: str | None) -> None:
+        close = getattr(job.gen, "close", None)
+        if close is not None:
+            close()
+        with self._lock:
+            self._active.remove(job)
+        self._record(job, error)
+
+    def _record(self, job: _Job[object], error: str | None) -> None:
+        with self._lock:
+            self._pending -= 1
+        handle, started, items, after_cancel = job.handle, job.started, job.items, job.after_cancel
         record = JobRecord(
             id=handle.id, priority=handle.priority, wait_s=started - job.queued_at,
             run_s=time.perf_counter() - started, items=items, steps_after_cancel=after_cancel,

@@ -18,6 +18,15 @@ from tests.engine.server.live import (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers keep prompt KV in the user cache dir: point it at a temp dir."""
+    root = tmp_path_factory.mktemp("xdg-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root))
+        yield root
+
+
 @pytest.fixture(scope="session")
 def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``models/qwen2.5-coder-1.5b`` (Qwen FIM tokens, chat template) and

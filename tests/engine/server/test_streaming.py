@@ -96,23 +96,59 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(slow_serv
 
 def test_a_full_queue_answers_429_with_retry_after(slow_model_dir):
     live = serve(slow_model_dir, max_queue=1)
-    try:
-        with live.client() as http, http.stream("POST", "/completion", json={
-                "prompt": "x", "stream": True, **{**LONG, "n_predict": 800}}) as running:
-            events = sse_events(running.iter_lines())  # keep it: closing it hangs up
-            next(events)  # the engine thread is busy now
-            def queued() -> None:
-                with live.client() as other:
-                    other.post("/completion", json={"prompt": "y", "n_predict": 2})
+    running_at_once = live.ctx.worker.max_running  # the engine's batch
+    done = threading.Event()
 
-            waiting = threading.Thread(target=queued)
-            waiting.start()
-            while live.ctx.worker.waiting < 1:
-                time.sleep(0.001)
+    def long_request(prompt: str) -> None:
+        with live.client() as other, other.stream("POST", "/completion", json={
+                "prompt": prompt, "stream": True, **{**LONG, "n_predict": 800}}) as resp:
+            for _ in resp.iter_lines():
+                if done.is_set():
+                    return  # hang up: the server cancels the request
+
+    try:
+        threads = [threading.Thread(target=long_request, args=(f"p{i}",))
+                   for i in range(running_at_once + 1)]  # the batch, plus one waiting
+        for thread in threads:
+            thread.start()
+        while live.ctx.worker.waiting < 1:
+            time.sleep(0.001)
+        with live.client() as http:
             refused = http.post("/v1/completions", json={"prompt": "z"})
-            assert refused.status_code == 429
-            assert int(refused.headers["retry-after"]) >= 1
-            assert refused.json()["error"]["code"] == "server_busy"
-        waiting.join(30)
+        assert refused.status_code == 429
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "server_busy"
+        done.set()
+        for thread in threads:
+            thread.join(60)
     finally:
+        done.set()
         live.stop()
+
+
+def test_an_editor_completion_does_not_wait_behind_a_streaming_chat(slow_server: LiveServer):
+    slow_server.wait_idle()
+    chat_done = threading.Event()
+    chat_tokens = []
+
+    def chat() -> None:
+        with slow_server.client() as http, http.stream("POST", "/completion", json={
+                "prompt": "class A:\n" * 10, "stream": True,
+                **{**LONG, "n_predict": 300}}) as response:
+            for event in sse_events(response.iter_lines()):
+                if isinstance(event, dict) and event.get("tokens"):
+                    chat_tokens.append(time.perf_counter())
+        chat_done.set()
+
+    thread = threading.Thread(target=chat)
+    thread.start()
+    while len(chat_tokens) < 5:
+        time.sleep(0.005)
+    with slow_server.client() as http:
+        answer = http.post("/infill", json={"input_prefix": "def add(a, b):\n    return ",
+                                            "input_suffix": "\n", "n_predict": 8,
+                                            "temperature": 0})
+    assert answer.status_code == 200
+    assert not chat_done.is_set()  # the completion came back while the chat streamed
+    thread.join(60)
+    assert len(chat_tokens) == 300
