@@ -233,10 +233,12 @@ class Engine:
         cached = self._prepare_runner(runner, prompt, session)
         total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
         self._ensure_room(runner.growth_bytes(total))
-        return RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
-                          eos=self._stop_ids(request), max_total=self.max_total(request.options),
-                          chunk_size=self.config.prefill_chunk_size, cached=cached,
-                          cancel=cancel, started=started)
+        run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
+                         eos=self._stop_ids(request), max_total=self.max_total(request.options),
+                         chunk_size=self.config.prefill_chunk_size, cached=cached,
+                         cancel=cancel, started=started)
+        self._report_kv()  # the runner reserved its KV: the budget sees it now
+        return run
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
              cancel: threading.Event | None, started: float) -> EventStream:

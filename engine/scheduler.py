@@ -28,7 +28,7 @@ from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.decode import DecodeRunner
 from engine.decode_gqa import SharedBufferRunner
 from engine.engine import Engine, common_prefix_len
-from engine.errors import EngineError, InvalidOptionError
+from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
 from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
 from engine.request import RequestRun
 from engine.sessions import Session
@@ -73,6 +73,7 @@ class Scheduler:
         self.active: dict[int, Ticket] = {}  # runner index -> ticket
         self.preempted_total = 0
         self.batched_steps = 0
+        self.waited_for_memory = 0
         self._wake = threading.Event()
 
     # --- any thread ---------------------------------------------------------------------
@@ -296,6 +297,13 @@ class Scheduler:
                 ticket.run = self.engine.start_run(ticket.request, prompt,
                                                    self._session(ticket), ticket.cancel,
                                                    ticket.submitted, runner)
+        except ResourceLimitError as exc:
+            if self.active:  # memory frees up as running requests finish: wait for it
+                self.waiting.append(ticket)
+                self.waited_for_memory += 1
+                return False
+            self._fail(ticket, exc)  # nothing running could free room: refuse, with numbers
+            return False
         except Exception as exc:
             self._fail(ticket, exc)
             return False

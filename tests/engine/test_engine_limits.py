@@ -86,3 +86,22 @@ def test_runtime_override_off_refuses_live_changes(genai_model_dir):
     engine = Engine.load(genai_model_dir, EngineConfig(runtime_override=False))
     with pytest.raises(ResourceLimitError, match="runtime override"):
         engine.set_limit("host_ram", "50%")
+
+
+def test_a_request_without_room_waits_for_running_ones_then_is_refused(wide_kv_model):
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, max_batch=2))
+    scheduler = Scheduler(engine)
+    small: list = []
+    big: list = []
+    scheduler.submit(_req(40), small.append)
+    scheduler.step()  # the small request runs and holds its KV
+    rss = psutil.Process().memory_info().rss
+    engine.set_limit("host_ram", f"{rss // MIB + 1}MiB")
+    scheduler.submit(_req(1900, prompt=(9, 10, 11)), big.append)  # ~30 MiB of KV: no room
+    scheduler.step()
+    assert scheduler.waited_for_memory >= 1 and not big  # waiting, not refused yet
+    while scheduler.step():
+        pass
+    assert small[-1].result is not None and len(small[-1].result.token_ids) == 40
+    assert len(big) == 1 and isinstance(big[0], ResourceLimitError)  # refused with numbers
+    assert "MiB" in str(big[0])
