@@ -1,4 +1,9 @@
-"""Chat templates: Hugging Face Jinja templates rendered in a sandbox."""
+"""Chat templates: Hugging Face Jinja templates rendered in a sandbox.
+
+jinja2 is imported and the template compiled at the first render: a process that only
+completes raw prompts (an editor's worker) never pays for it, and a model whose template
+is broken still loads and serves raw prompts; the chat request gets the error.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-import jinja2
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import InvalidPromptError, TokenizerError
 
@@ -38,36 +39,44 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       separators=separators, sort_keys=sort_keys)
 
 
-class _GenerationTag(Extension):
-    """HF's ``{% generation %}...{% endgeneration %}`` marks assistant text; render as is."""
+def _compile(source: str, origin: str) -> Any:
+    import jinja2
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    tags = {"generation"}  # noqa: RUF012 - Jinja's Extension API declares it this way
+    class GenerationTag(Extension):
+        """HF's ``{% generation %}...{% endgeneration %}`` marks assistant text: as is."""
 
-    def parse(self, parser: Any) -> Any:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        tags = {"generation"}  # noqa: RUF012 - Jinja's Extension API declares it this way
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[GenerationTag, "jinja2.ext.loopcontrols"],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TokenizerError(
+            f"{origin}: the chat template does not compile (line {exc.lineno}: {exc.message})",
+            hint="fix or replace the template; raw prompts still work without one",
+        ) from exc
 
 
 class ChatTemplate:
-    """A compiled Jinja chat template, rendered in a sandbox with Hugging Face semantics."""
+    """A Jinja chat template, rendered in a sandbox with Hugging Face semantics."""
 
     def __init__(self, source: str, origin: str, special_tokens: Mapping[str, str]) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True,
-            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.source = source
         self.origin = origin
         self._special = dict(special_tokens)
-        try:
-            self._template = env.from_string(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise TokenizerError(
-                f"{origin}: the chat template does not compile (line {exc.lineno}: {exc.message})",
-                hint="fix or replace the template; raw prompts still work without one",
-            ) from exc
+        self._template: Any = None
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                tools: Sequence[Mapping[str, Any]] | None = None,
@@ -76,6 +85,8 @@ class ChatTemplate:
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         if tools is not None:
             variables["tools"] = [dict(t) for t in tools]
+        if self._template is None:
+            self._template = _compile(self.source, self.origin)
         try:
             return self._template.render(**variables)
         except _TemplateRaised as exc:

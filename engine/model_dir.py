@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.io_spec import DeclaredIO, TensorSpec
 from engine.onnx_scan import ScanError, scan_onnx
@@ -184,6 +182,8 @@ def _from_genai(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
 
 
 def _from_metadata(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
+    import yaml  # only folders with our own metadata need it
+
     path = root / METADATA_FILE
     try:
         meta = yaml.safe_load(path.read_text(encoding="utf-8"))

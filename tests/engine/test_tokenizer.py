@@ -213,10 +213,13 @@ def test_missing_template_and_bad_messages(tmp_path: Path, tokenizer_dir: Path, 
         forge.apply_chat_template([{"content": "no role"}])
 
 
-def test_template_syntax_error_names_source(tmp_path: Path, tokenizer_dir: Path):
+def test_template_syntax_error_names_source_and_raw_prompts_still_work(
+        tmp_path: Path, tokenizer_dir: Path):
     folder = _folder(tmp_path, tokenizer_dir, {}, "{% for m in messages %}")
+    tok = Tokenizer.from_dir(folder)  # a broken template does not block loading
+    assert tok.encode("def f():")
     with pytest.raises(TokenizerError, match="chat_template.jinja"):
-        Tokenizer.from_dir(folder)
+        tok.apply_chat_template([ChatMessage("user", "hi")])
 
 
 # -- streaming detokenizer -------------------------------------------------------------
