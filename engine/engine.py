@@ -322,6 +322,10 @@ class Engine:
         size = self.pool.page_size
         limit = len(prompt) - 1  # at least one prompt token always runs
         live = common_prefix_len(runner.tokens, prompt, limit)
+        if self.prefix_cache is not None and live < len(runner.tokens) // 2:
+            # The runner moves on to another sequence: keep the old one's pages findable.
+            # (Continuing the same document keeps its KV live and copies nothing.)
+            self._publish_pages(runner)
         best, source = live, None
         if session is not None and runner.transfers_kv and min(session.kv_len, limit) > best:
             best, source = min(session.kv_len, limit), session.table
@@ -349,8 +353,6 @@ class Engine:
         if session is not None:
             session.tokens = run.prompt + run.sampled
             self._save_session_kv(runner, session)
-        elif self.prefix_cache is not None:
-            self._publish_pages(runner)
         self._report_kv()
         if self.kv_tiers is not None:
             try:
