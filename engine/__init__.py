@@ -1,10 +1,11 @@
 """A text-generation engine on ONNX Runtime. Public API only."""
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.config import EngineConfig, GenerateOptions
+from engine.config import EngineConfig, GenerateOptions, JsonConstraintSpec
 from engine.engine import Engine
 from engine.errors import (
     CancelledError,
+    ConstraintError,
     ContextOverflowError,
     EngineError,
     InvalidOptionError,
@@ -21,6 +22,7 @@ from engine.tokenizer import ChatMessage
 __all__ = [
     "CancelledError",
     "ChatMessage",
+    "ConstraintError",
     "ContextOverflowError",
     "Engine",
     "EngineConfig",
@@ -32,6 +34,7 @@ __all__ = [
     "GenerateResult",
     "InvalidOptionError",
     "InvalidPromptError",
+    "JsonConstraintSpec",
     "ModelLoadError",
     "ResourceLimitError",
     "RuntimeSelectionError",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from engine.errors import InvalidOptionError
 
@@ -37,6 +38,48 @@ def _check_float(
         )
 
 
+ConstraintKind = Literal["json_object", "json_schema"]
+
+
+@dataclass(frozen=True)
+class JsonConstraintSpec:
+    """What the output must be: any JSON value (``json_object``; an object only when
+    ``object_only``) or a value matching ``schema`` (``json_schema``, a JSON-schema subset:
+    see ``engine.json_schema``). The schema is copied; a bad one fails here, naming the
+    keyword."""
+
+    kind: ConstraintKind = "json_object"
+    schema: Mapping[str, Any] | None = None
+    object_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_object", "json_schema"):
+            raise InvalidOptionError("constraint", f"kind must be 'json_object' or "
+                                     f"'json_schema', got {self.kind!r}",
+                                     hint="use json_object for any JSON value")
+        if self.kind == "json_object" and self.schema is not None:
+            raise InvalidOptionError("constraint", "a schema needs kind='json_schema'",
+                                     hint="pass kind='json_schema' with the schema")
+        if self.kind == "json_schema":
+            if not isinstance(self.schema, Mapping):
+                raise InvalidOptionError(
+                    "constraint", f"json_schema needs a schema object, got {self.schema!r}",
+                    hint='e.g. {"type": "object", "properties": {...}}')
+            if self.object_only:
+                raise InvalidOptionError("constraint", "object_only applies to json_object",
+                                         hint='say "type": "object" in the schema instead')
+            try:  # a private copy: later changes to the caller's dict change nothing
+                copied = json.loads(json.dumps(self.schema, allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise InvalidOptionError("constraint", f"the schema is not plain JSON: {exc}",
+                                         hint="use dicts, lists, strings, numbers, "
+                                         "booleans and null only") from exc
+            object.__setattr__(self, "schema", copied)
+        from engine.json_schema import compile_spec
+
+        compile_spec(self)  # validates (and caches the compiled form)
+
+
 @dataclass(frozen=True)
 class GenerateOptions:
     """Everything that shapes one generation. Defaults change nothing (empty processor chain)."""
@@ -64,6 +107,8 @@ class GenerateOptions:
     min_new_tokens: int = 0
     #: None = no logprobs; 0 = the chosen token's logprob only; k = plus the top k.
     top_logprobs: int | None = None
+    #: Only tokens that keep the output a valid JSON prefix; see ``engine.constraint``.
+    constraint: JsonConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, minimum=1,
@@ -113,6 +158,10 @@ class GenerateOptions:
             if self.top_logprobs > 20:
                 raise InvalidOptionError("top_logprobs", f"at most 20, got {self.top_logprobs}",
                                          hint="ask for 20 or fewer alternatives")
+        if self.constraint is not None and not isinstance(self.constraint, JsonConstraintSpec):
+            raise InvalidOptionError("constraint", f"expected a JsonConstraintSpec, got "
+                                     f"{type(self.constraint).__name__}",
+                                     hint="e.g. JsonConstraintSpec('json_object')")
 
     @property
     def is_greedy(self) -> bool:

@@ -50,3 +50,8 @@ class RuntimeSelectionError(EngineError):
 
 class CancelledError(EngineError):
     """The request was cancelled by its caller."""
+
+
+class ConstraintError(EngineError):
+    """A JSON constraint was not met: the generation stopped before a complete JSON value,
+    or a token that breaks the value was forced past the constraint's mask."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import GenerateOptions
+from engine.constraint import TokenConstraint
 from engine.decode import DecodeRunner
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
@@ -53,13 +54,15 @@ class TokenSequence:
     `prefill_chunk()` runs the rest of the prompt a chunk at a time and, after the last
     chunk, samples the first token; then each decode step feeds `pending` and hands the
     logits to `accept()`. The last token is never fed to the model, so a full context costs
-    no extra forward pass.
+    no extra forward pass. A JSON `constraint` (built over the tokenizer's token texts by
+    the text layer) masks the logits and ends the sequence once its value closed.
     """
 
     def __init__(self, runner: DecodeRunner, prompt_ids: Sequence[int],
                  options: GenerateOptions, *, max_total: int, chunk_size: int,
                  cached: int = 0, stop_token_ids: Sequence[int] = (),
-                 sampler: Sampler | None = None, clock: LoopClock | None = None) -> None:
+                 sampler: Sampler | None = None, clock: LoopClock | None = None,
+                 constraint: TokenConstraint | None = None) -> None:
         assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
         self.runner = runner
         self.options = options
@@ -72,7 +75,9 @@ class TokenSequence:
         self._chunk = chunk_size
         self._max_total = max_total
         self._total = len(prompt_ids)
-        self._chain = make_logits_processors(options, stop_token_ids=stop_token_ids)
+        self.constraint = constraint
+        self._chain = make_logits_processors(options, stop_token_ids=stop_token_ids,
+                                             constraint=constraint)
         self._sampler = sampler or make_sampler(options)
         self._context = ProcessorContext(prompt_ids=list(prompt_ids), generated_ids=[])
         self._top_n = options.top_logprobs
@@ -117,7 +122,11 @@ class TokenSequence:
         self._total += 1
         self._context.append(token)
         full = self._total >= self._max_total
-        self.done = full or self.generated == self.options.max_new_tokens
+        ended = False
+        if self.constraint is not None:
+            self.constraint.sync(self._context.generated_ids)
+            ended = self.constraint.closed
+        self.done = full or ended or self.generated == self.options.max_new_tokens
         self.pending = None if self.done else token
         return StepOutput(token, logprob, full)
 

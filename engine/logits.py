@@ -9,6 +9,8 @@ The chain runs in this order (each step only when its option is set):
 4. ``presence_penalty``    OpenAI: ``logit -= penalty`` for every token seen in generated
 5. ``stop_sequence``       mask EOS / single-token stops to -inf while fewer than
                            ``min_new_tokens`` tokens were generated
+   ``json_constraint``     with ``options.constraint``: -inf for every token that would not
+                           keep the output a valid JSON prefix (``engine.constraint``)
 6. ``temperature``         divide by the temperature (never for greedy, nor for 1)
 7. ``top_k``               keep the k largest logits
 8. ``top_p``               keep the smallest most-probable set whose mass is >= p
@@ -35,11 +37,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.config import GenerateOptions
 from engine.errors import EngineError, InvalidOptionError
+
+if TYPE_CHECKING:
+    from engine.constraint import TokenConstraint
 
 
 def nan_logits_error() -> EngineError:
@@ -408,12 +414,15 @@ def _make_min_p(min_p: float) -> Processor:
 
 
 def make_logits_processors(
-    options: GenerateOptions, *, stop_token_ids: Collection[int] = ()
+    options: GenerateOptions, *, stop_token_ids: Collection[int] = (),
+    constraint: TokenConstraint | None = None,
 ) -> list[NamedProcessor]:
     """The processor chain for ``options`` in the documented order (empty for defaults).
 
     ``stop_token_ids`` are the ids masked while ``min_new_tokens`` is not reached: the
-    EOS ids plus single-token stop sequences.
+    EOS ids plus single-token stop sequences. ``constraint`` is required with
+    ``options.constraint``: it carries the tokenizer's token texts and follows the
+    request's tokens.
     """
     chain: list[NamedProcessor] = []
 
@@ -430,6 +439,12 @@ def make_logits_processors(
         add("presence_penalty", _make_presence_penalty(options.presence_penalty))
     if options.min_new_tokens > 0 and stop_token_ids:
         add("stop_sequence", _make_stop_mask(stop_token_ids, options.min_new_tokens))
+    if constraint is not None:
+        add("json_constraint", constraint.apply)
+    elif options.constraint is not None:
+        raise InvalidOptionError(
+            "constraint", "a JSON constraint needs the tokenizer's token texts",
+            hint="pass constraint=TokenConstraint(options.constraint, tokenizer.token_texts())")
     if not options.is_greedy and options.temperature != 1.0:
         add("temperature", _make_temperature(options.temperature))
     if options.top_k > 0:

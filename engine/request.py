@@ -11,11 +11,14 @@ import threading
 import time
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
+from engine.constraint import TokenConstraint, check_constrained_finish
 from engine.decode import DecodeRunner
 from engine.generate import LoopClock, StepOutput, TokenSequence
 from engine.sampling import TokenLogprob
-from engine.stopping import FinishReason, StopChecker
+from engine.stopping import JSON_COMPLETE, FinishReason, StopChecker
 from engine.tokenizer import Tokenizer
+
+_FLUSHED = ("max_tokens", "length", "cancelled", "json_complete")
 
 
 class RequestRun:
@@ -33,10 +36,14 @@ class RequestRun:
         self._detok = tokenizer.detokenizer(skip_special=True)
         single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
         self.clock = LoopClock(start=started)
+        self._constraint = None if options.constraint is None else TokenConstraint(
+            options.constraint, tokenizer.token_texts(),
+            end_ids=eos if options.stop_on_eos else (),
+            banned_ids=tokenizer.special_token_ids)
         self.sequence = TokenSequence(
             runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
             stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
-            clock=self.clock)
+            clock=self.clock, constraint=self._constraint)
         #: Every token the model produced, EOS included.
         self.sampled: list[int] = []
         self._logprobs: list[TokenLogprob] = []
@@ -54,6 +61,8 @@ class RequestRun:
     def on_step(self, step: StepOutput) -> GenerateEvent | None:
         """Account for one sampled token; the event to emit, if the token is output."""
         self.sampled.append(step.token_id)
+        if self._constraint is not None:
+            return self._on_constrained_step(step, self._constraint)
         finish = self._stopper.check_token(step.token_id, self.sampled)
         if finish is not None and finish.kind == "eos_token":
             self.finish = finish
@@ -70,6 +79,29 @@ class RequestRun:
         self.finish = finish
         return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
 
+    def _on_constrained_step(self, step: StepOutput,
+                             constraint: TokenConstraint) -> GenerateEvent | None:
+        """`on_step` under a JSON constraint: stops wait for a complete value, no text is
+        held back or cut, and a closed value ends the generation."""
+        text = self._detok.add(step.token_id)
+        complete = constraint.complete
+        full = "".join(self._pieces) + text if complete else text
+        finish = self._stopper.check_constrained(step.token_id, self.sampled, full, len(text),
+                                                 complete=complete)
+        if finish is not None and finish.kind == "eos_token":
+            self.finish = finish
+            return None
+        if step.logprob is not None:
+            self._logprobs.append(step.logprob)
+        self._pieces.append(text)
+        if finish is None and constraint.closed:
+            finish = JSON_COMPLETE
+        if finish is None and step.context_full and \
+                len(self.sampled) < self.request.options.max_new_tokens:
+            finish = FinishReason("length")
+        self.finish = finish
+        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
+
     def advance(self) -> GenerateEvent | None:
         """Run this request alone for one step (a prefill chunk or a decode step)."""
         seq = self.sequence
@@ -77,12 +109,20 @@ class RequestRun:
         return self.on_step(step) if step is not None else None
 
     def closing_events(self) -> list[GenerateEvent]:
-        """The held-back text (if any) and the final event carrying the result."""
+        """The held-back text (if any) and the final event carrying the result.
+
+        Raises ConstraintError when a JSON-constrained value is incomplete at a limit.
+        """
         finish = self.finish or FinishReason("cancelled" if self.cancelled else "max_tokens")
+        if self._constraint is not None:
+            check_constrained_finish(finish, self._constraint.complete)
         events = []
-        if finish.kind in ("max_tokens", "length", "cancelled"):
-            tail, _ = self._stopper.feed_text(self._detok.flush())
-            tail += self._stopper.flush()
+        if finish.kind in _FLUSHED:
+            if self._constraint is not None:
+                tail = self._detok.flush()
+            else:
+                tail, _ = self._stopper.feed_text(self._detok.flush())
+                tail += self._stopper.flush()
             if tail:
                 self._pieces.append(tail)
                 events.append(GenerateEvent(tail, None, None, time.perf_counter()))

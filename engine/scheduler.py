@@ -212,7 +212,12 @@ class Scheduler:
         del self.active[index]
         ticket.done = True
         self.engine.end_run(run, self._session(ticket))
-        for event in run.closing_events():
+        try:
+            events = run.closing_events()
+        except EngineError as exc:  # a JSON-constrained value cut off by a limit
+            ticket.sink(exc)
+            return
+        for event in events:
             ticket.sink(event)
 
     def _session(self, ticket: Ticket) -> Session | None:

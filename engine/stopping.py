@@ -13,6 +13,11 @@ Contract with the engine, per generated token:
    never returned.
 3. At the end without a stop (max_tokens, length, cancel), emit ``flush()``.
 
+Under a JSON constraint the engine calls ``check_constrained`` instead (no text is held
+back): nothing stops the generation while the value is incomplete, and a text stop never
+cuts the value. ``json_complete`` ends a generation whose value closed (see
+``engine.constraint``).
+
 EOS and token stop sequences are ignored while no more than ``min_new_tokens`` tokens
 were generated (the processor chain also masks EOS / single-token stops until then);
 text stop strings are not affected by ``min_new_tokens``.
@@ -29,6 +34,7 @@ from engine.config import GenerateOptions
 __all__ = [
     "CANCELLED",
     "EOS_TOKEN",
+    "JSON_COMPLETE",
     "LENGTH",
     "MAX_TOKENS",
     "FinishKind",
@@ -37,7 +43,8 @@ __all__ = [
     "stop_prefix_len",
 ]
 
-FinishKind = Literal["max_tokens", "eos_token", "stop_sequence", "length", "cancelled"]
+FinishKind = Literal["max_tokens", "eos_token", "stop_sequence", "length", "cancelled",
+                     "json_complete"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ MAX_TOKENS = FinishReason("max_tokens")
 EOS_TOKEN = FinishReason("eos_token")
 LENGTH = FinishReason("length")
 CANCELLED = FinishReason("cancelled")
+#: A JSON-constrained value closed (its last token is part of the output).
+JSON_COMPLETE = FinishReason("json_complete")
 
 
 def stop_prefix_len(text: str, prefixes: Collection[str], longest: int) -> int:
@@ -155,6 +164,26 @@ class StopChecker:
         keep = stop_prefix_len(text, self._prefixes, self._longest - 1)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], None
+
+    def check_constrained(self, token_id: int, generated_ids: Sequence[int], text: str,
+                          new_chars: int, *, complete: bool) -> FinishReason | None:
+        """The stop rules under a JSON constraint: stop sequences are deferred until the
+        value is complete. Then EOS first, token stop sequences, and a text stop whose
+        match ends in the last ``new_chars`` characters of ``text`` (everything generated
+        so far). Nothing is held back or cut: a constrained value stays whole."""
+        if not complete:
+            return None
+        reason = self.check_token(token_id, generated_ids)
+        if reason is not None:
+            return reason
+        found: tuple[int, int, int] | None = None  # (end, start, index)
+        for index, stop in self._text:
+            start = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+            if start >= 0:
+                candidate = (start + len(stop), start, index)
+                if found is None or candidate < found:
+                    found = candidate
+        return None if found is None else FinishReason("stop_sequence", found[2])
 
     def flush(self) -> str:
         """The held-back text, at the end of a generation that did not hit a stop string."""

@@ -1,12 +1,12 @@
 """The app's own routes: /health, /metrics, and the admin routes (admin token required):
 GET /v1/library, POST /v1/models/load, POST /v1/models/unload.
 
-Not here yet, by design: /v1/resources, /v1/resources/stream and PUT /v1/limits need the
-Resource Governor; they will sit beside these routes.
+Resources, limits and sessions are in engine/server/resources.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
 from engine.server.errors import ApiError, CompactJSONResponse
+from engine.server.metrics import EngineGauges
 from engine.server.openai import model_card
 from engine.server.schemas import LoadModelRequest, UnloadModelRequest
 from engine.server.streaming import Ctx
@@ -35,8 +36,13 @@ async def health(ctx: Ctx) -> Response:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(ctx: Ctx) -> PlainTextResponse:
+    current = ctx.models.current
+    gauges = None
+    if current is not None:  # the governor's last figures: no wait for the engine thread
+        named = ctx.sessions.count(current.engine)
+        gauges = await asyncio.to_thread(EngineGauges.read, current.engine, named)
     text = ctx.metrics.render(waiting=ctx.worker.waiting, busy=not ctx.worker.idle,
-                              model_loaded=ctx.models.current is not None)
+                              model_loaded=current is not None, engine=gauges)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

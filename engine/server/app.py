@@ -18,13 +18,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.server import admin, llamacpp, ollama, openai
+from engine.server import admin, llamacpp, ollama, openai, resources
 from engine.server.config import ServerConfig
 from engine.server.errors import CompactJSONResponse, install_handlers
 from engine.server.metrics import Metrics
 from engine.server.models import ModelManager
 from engine.server.schemas import ErrorResponse
 from engine.server.security import BodyLimitMiddleware, GuardMiddleware
+from engine.server.sessions import SessionRegistry, sweep_forever
 from engine.server.streaming import ServerContext
 from engine.server.worker import EngineWorker
 
@@ -36,6 +37,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "An API key or the admin token is needed."},
     403: {"model": ErrorResponse, "description": "Origin, host, token or path not allowed."},
     404: {"model": ErrorResponse, "description": "Unknown model."},
+    409: {"model": ErrorResponse, "description": "Conflicts with the worker's state (a session "
+          "still answering, runtime limit changes disabled)."},
     413: {"model": ErrorResponse, "description": "The body is over the size limit."},
     429: {"model": ErrorResponse, "description": "Busy; see Retry-After."},
     501: {"model": ErrorResponse, "description": "Not supported by this model or worker."},
@@ -79,7 +82,9 @@ def build_context(config: ServerConfig) -> ServerContext:
     models = ModelManager(worker, config.models_dirs, config.engine, trusted=config.model)
     if config.model is not None:
         models.load_now(config.model)
-    return ServerContext(config, worker, models, metrics)
+    sessions = SessionRegistry(idle_timeout_s=config.session_idle_s,
+                               max_sessions=config.max_sessions)
+    return ServerContext(config, worker, models, metrics, sessions)
 
 
 def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAPI:
@@ -88,9 +93,12 @@ def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
+        sweeper = asyncio.create_task(sweep_forever(
+            ctx.worker, ctx.models, ctx.sessions, every_s=min(60.0, config.session_idle_s)))
         try:
             yield
         finally:
+            sweeper.cancel()
             await asyncio.to_thread(ctx.worker.stop, config.graceful_shutdown_s)
 
     app = FastAPI(title=TITLE, version=VERSION, lifespan=lifespan, redoc_url=None,
@@ -99,7 +107,8 @@ def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAP
                   "OpenAI, llama.cpp and Ollama dialects over one engine thread.")
     app.state.ctx = ctx
     install_handlers(app)
-    for router in (admin.router, openai.router, llamacpp.router, ollama.router):
+    for router in (admin.router, resources.router, openai.router, llamacpp.router,
+                   ollama.router):
         app.include_router(router, responses=_ERRORS)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),

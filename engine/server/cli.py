@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--graceful-shutdown", type=float, default=5.0,
                      help="seconds in-flight requests get on SIGINT/SIGTERM")
     net.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    net.add_argument("--session-idle-timeout", type=float, default=1800.0,
+                     help="seconds an X-Session-Id chat session is kept without a turn")
+    net.add_argument("--max-sessions", type=int, default=64,
+                     help="X-Session-Id chat sessions kept at most")
     eng = parser.add_argument_group("engine")
     eng.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     eng.add_argument("--provider", choices=PROVIDERS, default="auto")

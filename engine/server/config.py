@@ -48,6 +48,10 @@ class ServerConfig:
     #: Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are cancelled.
     graceful_shutdown_s: float = 5.0
     access_log: bool = False
+    #: Chat sessions (X-Session-Id) close after this many seconds without a turn.
+    session_idle_s: float = 1800.0
+    #: Named chat sessions kept at most (the least recently used idle one goes first).
+    max_sessions: int = 64
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,6 +62,12 @@ class ServerConfig:
                                      hint="e.g. 8388608 (8 MiB)")
         if self.max_queue < 1:
             raise InvalidOptionError("max_queue", f"at least 1, got {self.max_queue}",
+                                     hint="e.g. 64")
+        if not self.session_idle_s > 0:
+            raise InvalidOptionError("session_idle_s", f"expected seconds > 0, got "
+                                     f"{self.session_idle_s}", hint="e.g. 1800 (30 minutes)")
+        if self.max_sessions < 1:
+            raise InvalidOptionError("max_sessions", f"at least 1, got {self.max_sessions}",
                                      hint="e.g. 64")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidOptionError("api_key", "the key is empty",

@@ -65,8 +65,10 @@ class Final:
         if self.limit is not None:
             return "limit"
         kind = self.result.finish_reason.kind
-        return {"eos_token": "eos", "stop_sequence": "stop", "max_tokens": "max_tokens",
-                "length": "length", "cancelled": "cancelled"}[kind]  # type: ignore[return-value]
+        # a closed JSON value is a natural end, as EOS is
+        return {"eos_token": "eos", "json_complete": "eos", "stop_sequence": "stop",
+                "max_tokens": "max_tokens", "length": "length",
+                "cancelled": "cancelled"}[kind]  # type: ignore[return-value]
 
     @property
     def completion_tokens(self) -> int:
@@ -155,9 +157,11 @@ def _empty_result(engine: Engine, request: GenerateRequest, started: float) -> G
 
 def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.Event,
                    limits: Limits = Limits(),
-                   priority: Priority = "normal") -> Iterator[Chunk | Final]:
+                   priority: Priority = "normal",
+                   session_id: int | None = None) -> Iterator[Chunk | Final]:
     """Stream ``request`` on ``engine`` through its scheduler (call on the engine thread:
-    several of these consumed in turn run, and batch, together)."""
+    several of these consumed in turn run, and batch, together). With ``session_id`` the
+    request holds only the new tokens of that engine session's turn."""
     started = time.perf_counter()
     timer = _PromptTimer(limits.prompt_ms, cancel)
     gate = IndentGate(limits.n_indent) if limits.n_indent > 0 else None
@@ -166,7 +170,8 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
     limit: LimitKind | None = None
     result: GenerateResult | None = None
     try:
-        stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel)
+        stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel,
+                                             session_id=session_id)
         with closing(stream) as events:
             for event in events:
                 if event.result is not None:

@@ -7,7 +7,8 @@ then runs that prompt in the background so its KV lands in the prefix cache. ``t
 ``t_max_predict_ms`` are hard budgets: the answer stops at the token (or prefill chunk)
 that exceeds them, with ``stop_type: "limit"`` and ``limit`` naming the budget.
 ``id_slot`` and ``cache_prompt`` are accepted and change nothing (one engine, no prefix
-cache yet). ``grammar`` / ``json_schema`` are refused (no constraint yet).
+cache yet). ``json_schema`` constrains the output to JSON (``{}``: any value); GBNF
+``grammar`` is refused.
 """
 
 from __future__ import annotations
@@ -129,9 +130,10 @@ def _warm_body(model: LoadedModel) -> dict[str, Any]:
 
 
 def _check(body: LlamaSampling) -> int:
-    if body.grammar or body.json_schema:
-        raise ApiError(501, "grammar / json_schema need the JSON constraint, which this worker "
-                       "does not have yet", param="grammar", code="not_supported")
+    if body.grammar:
+        raise ApiError(501, "grammar: GBNF grammars are not supported; this worker "
+                       "constrains output to JSON only", param="grammar", code="not_supported",
+                       hint="send json_schema (a JSON schema; {} for any JSON value) instead")
     if not 1 <= body.n_cmpl <= MAX_COMPLETIONS:
         raise ApiError(400, f"n_cmpl: expected 1..{MAX_COMPLETIONS}, got {body.n_cmpl}",
                        param="n_cmpl")

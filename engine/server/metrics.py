@@ -1,8 +1,12 @@
-"""Prometheus text exposition of what the worker did: requests, tokens, latencies.
+"""Prometheus text exposition of what the worker did and holds: requests, tokens,
+latencies, memory per tier, prefix-cache and session figures.
 
 Only what is measured is exported: prompt tokens served from reused KV come from each
-result's ``prefix_cache_hit_len``; KV bytes per tier belong to the governor's snapshot
-(``/v1/resources``, not here yet) and are not invented.
+result's ``prefix_cache_hit_len``; KV and memory bytes per tier are the Resource
+Governor's figures (what the engine last reported; ``/v1/resources`` has the full
+snapshot), read without waiting for the engine thread. Prefix-cache lookups and hits
+count since the model was loaded (a reload resets them, as Prometheus expects of
+counters).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ import bisect
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from engine.engine import Engine
+from engine.limits import TIERS
 from engine.server.generation import Final
 from engine.server.worker import JobRecord
 
@@ -62,6 +69,75 @@ class _Histogram:
         return out
 
 
+@dataclass(frozen=True)
+class EngineGauges:
+    """The served engine's memory and cache figures, read cheaply from any thread."""
+
+    kv_bytes: dict[str, int]
+    used_bytes: dict[str, int]
+    limit_bytes: dict[str, int]
+    prefix_cache_pages: int
+    prefix_cache_lookups: int
+    prefix_cache_hits: int
+    sessions: int
+    named_sessions: int
+    store_bytes: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, engine: Engine, named_sessions: int) -> EngineGauges:
+        """Governor figures as last reported (thread-safe) and plain counters."""
+        snap = engine.governor.snapshot()
+        b = snap.breakdown
+        kv = {"vram": b.kv_vram_bytes, "host_ram": b.kv_host_ram_bytes, "disk": b.kv_disk_bytes}
+        tiers = [t for t in (snap.tier(name) for name in TIERS) if t is not None]
+        cache = engine.prefix_cache
+        store: dict[str, int] = {}
+        if engine.kv_tiers is not None:
+            stats = engine.kv_tiers.store.stats()
+            store = {"ram": stats["ram_bytes"], "disk": stats["disk_bytes"]}
+        return cls(kv, {t.tier: t.used for t in tiers},
+                   {t.tier: t.limit for t in tiers if t.limit is not None},
+                   len(cache) if cache is not None else 0,
+                   cache.lookups if cache is not None else 0,
+                   cache.hits if cache is not None else 0,
+                   len(engine.sessions), named_sessions, store)
+
+    def lines(self) -> list[str]:
+        def per_tier(name: str, values: dict[str, int], label: str = "tier") -> list[str]:
+            return [f'{name}{{{label}="{k}"}} {v}' for k, v in values.items()]
+
+        return [
+            "# HELP engine_kv_bytes KV cache bytes held per memory tier (the governor's "
+            "figures).",
+            "# TYPE engine_kv_bytes gauge", *per_tier("engine_kv_bytes", self.kv_bytes),
+            "# HELP engine_memory_used_bytes Bytes this app uses per tier (weights, KV, "
+            "overhead).",
+            "# TYPE engine_memory_used_bytes gauge",
+            *per_tier("engine_memory_used_bytes", self.used_bytes),
+            "# HELP engine_memory_limit_bytes The resolved memory limit per tier (tiers "
+            "whose limit is unknown are left out).",
+            "# TYPE engine_memory_limit_bytes gauge",
+            *per_tier("engine_memory_limit_bytes", self.limit_bytes),
+            "# HELP engine_prefix_cache_pages KV pages the prefix cache indexes.",
+            "# TYPE engine_prefix_cache_pages gauge",
+            f"engine_prefix_cache_pages {self.prefix_cache_pages}",
+            "# HELP engine_prefix_cache_lookups_total Prefix-cache lookups since the model "
+            "loaded.",
+            "# TYPE engine_prefix_cache_lookups_total counter",
+            f"engine_prefix_cache_lookups_total {self.prefix_cache_lookups}",
+            "# HELP engine_prefix_cache_hits_total Lookups that found cached pages.",
+            "# TYPE engine_prefix_cache_hits_total counter",
+            f"engine_prefix_cache_hits_total {self.prefix_cache_hits}",
+            "# HELP engine_sessions Open engine sessions (named: X-Session-Id chats).",
+            "# TYPE engine_sessions gauge",
+            f'engine_sessions{{kind="all"}} {self.sessions}',
+            f'engine_sessions{{kind="named"}} {self.named_sessions}',
+            "# HELP engine_kv_store_bytes Bytes of the tiered KV store, per tier.",
+            "# TYPE engine_kv_store_bytes gauge",
+            *per_tier("engine_kv_store_bytes", self.store_bytes),
+        ]
+
+
 class Metrics:
     """Thread-safe counters and histograms (the engine thread reports finished jobs)."""
 
@@ -101,7 +177,8 @@ class Metrics:
             self._jobs += 1
             self._steps_after_cancel += record.steps_after_cancel
 
-    def render(self, *, waiting: int, busy: bool, model_loaded: bool) -> str:
+    def render(self, *, waiting: int, busy: bool, model_loaded: bool,
+               engine: EngineGauges | None = None) -> str:
         with self._lock:
             lines = [
                 "# HELP worker_requests_total HTTP requests answered, by route and status.",
@@ -151,4 +228,6 @@ class Metrics:
             "# TYPE engine_model_loaded gauge",
             f"engine_model_loaded {int(model_loaded)}",
         ]
+        if engine is not None:
+            lines += engine.lines()
         return "\n".join(lines) + "\n"

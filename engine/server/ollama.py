@@ -7,8 +7,9 @@ middle (Continue enables autocomplete on that); its ``parameters`` are single
 them. The template only describes the layout: the worker builds prompts itself.
 ``/api/generate`` with ``suffix`` fills in the middle in the model's layout; with ``raw``
 the prompt is sent as is (special tokens parsed); otherwise it becomes a user message in
-the chat template (or stays raw when the model has none). Streams are NDJSON; an error
-after the first line arrives as a ``{"error": ...}`` line.
+the chat template (or stays raw when the model has none). ``format`` (``"json"`` or a
+schema) constrains the answer to JSON. Streams are NDJSON; an error after the first line
+arrives as a ``{"error": ...}`` line.
 """
 
 from __future__ import annotations
@@ -135,12 +136,9 @@ def _stats(final: Final) -> dict[str, Any]:
             "eval_duration": int(max(timings.total_ms - prompt_ms, 0.0) * 1e6)}
 
 
-def _refuse(images: Any, fmt: Any) -> None:
+def _refuse(images: Any) -> None:
     if images:
         raise ApiError(400, "images are not supported: this worker runs text models")
-    if fmt:
-        raise ApiError(501, "format needs the JSON constraint, which this worker does not "
-                       "have yet", code="not_supported", hint="send the request without format")
 
 
 async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen: GenerateRequest,
@@ -175,12 +173,12 @@ async def _lines(first: Item, handle: Any, model: LoadedModel,
 async def generate(body: OllamaGenerateRequest, request: Request,
                    ctx: Ctx) -> Response | dict[str, Any]:
     model = ctx.models.require(body.model)
-    _refuse(body.images, body.format)
+    _refuse(body.images)
     engine = model.engine
     if not body.prompt and not body.suffix:  # Ollama's "load the model" request
         return {"model": model.id, "created_at": _now(), "response": "", "done": True,
                 "done_reason": "load"}
-    options = ollama_options(body.options, model)
+    options = ollama_options(body.options, model, body.format)
     if body.suffix:
         gen = await asyncio.to_thread(engine.fim_request, body.prompt, body.suffix, options)
     elif body.raw or not engine.tokenizer.has_chat_template:
@@ -199,10 +197,11 @@ async def generate(body: OllamaGenerateRequest, request: Request,
 async def chat(body: OllamaChatRequest, request: Request,
                ctx: Ctx) -> Response | dict[str, Any]:
     model = ctx.models.require(body.model)
-    _refuse(any(m.images for m in body.messages), body.format)
+    _refuse(any(m.images for m in body.messages))
     if body.tools:
         raise ApiError(501, "tools are not supported by this worker yet", code="not_supported")
     messages = tuple(ChatMessage(m.role, m.content) for m in body.messages)
-    gen = GenerateRequest(messages=messages, options=ollama_options(body.options, model))
+    gen = GenerateRequest(messages=messages,
+                          options=ollama_options(body.options, model, body.format))
     return await _answer(ctx, request, model, gen, body.stream,
                          lambda text: {"message": {"role": "assistant", "content": text}})

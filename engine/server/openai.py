@@ -5,9 +5,15 @@
   ``stream_options.include_usage``, and ``[DONE]``.
 - Completions take a raw prompt (special tokens parsed, no template), or with ``suffix``
   fill in the middle in the model's own FIM layout; the suffix is never appended.
-- ``n`` / ``best_of`` above 1, ``tools`` and a JSON ``response_format`` are refused with
-  a message. ``X-Session-Id`` is accepted and has no effect yet: every request carries its
-  whole conversation, so answers are the same (engine sessions will make it faster).
+- ``n`` / ``best_of`` above 1 and ``tools`` are refused with a message.
+- ``response_format`` ``json_object`` / ``json_schema`` (chat and completions) constrain
+  the answer to JSON (engine/server/options.py); a closed value ends with ``stop``, an
+  answer cut by ``max_tokens`` mid-value is an error, never truncated JSON.
+- Chat with ``X-Session-Id: NAME`` is a turn of a session the worker keeps: the answer is
+  the same, but only the part of the conversation the session has not seen is prefilled
+  (engine/server/sessions.py has the rules). The response echoes the header.
+- ``usage.prompt_tokens_details.cached_tokens``: prompt tokens whose KV was reused (a
+  session, the prefix cache, or the previous request's tokens) instead of prefilled.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
 from engine.engine import GenerateRequest
@@ -29,6 +35,7 @@ from engine.server.generation import Chunk, Final
 from engine.server.models import LoadedModel
 from engine.server.options import OPENAI_RENAMES, openai_options
 from engine.server.schemas import ChatCompletionRequest, ChatMessageIn, CompletionRequest
+from engine.server.sessions import HEADER, session_name
 from engine.server.streaming import (
     SSE_DONE,
     Ctx,
@@ -127,10 +134,11 @@ def _completion_logprobs(tokenizer: Tokenizer, chunks: Sequence[Chunk], offset: 
             "text_offset": offsets}
 
 
-def usage(final: Final) -> dict[str, int]:
+def usage(final: Final) -> dict[str, Any]:
     prompt, completion = final.result.prompt_tokens, final.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": final.result.prefix_cache_hit_len}}
 
 
 def _meta(obj: str, prefix: str, model: LoadedModel) -> _Meta:
@@ -138,19 +146,21 @@ def _meta(obj: str, prefix: str, model: LoadedModel) -> _Meta:
                  model.engine.tokenizer)
 
 
+SessionHeader = Annotated[str | None, Header(
+    alias=HEADER, description="Keep this conversation as a session on the worker (1..128 "
+    "characters): only the new part of each turn is prefilled; the answer is unchanged.")]
+
+
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           ctx: Ctx) -> Response | dict[str, Any]:
+async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response,
+                           ctx: Ctx, x_session_id: SessionHeader = None
+                           ) -> Response | dict[str, Any]:
     model = ctx.models.require(body.model)
+    session = session_name(x_session_id)
     _refuse_many(body.n, "n")
     if body.tools:
         raise ApiError(501, "tools: tool calling is not supported by this worker yet",
                        param="tools", code="not_supported", hint="send the request without tools")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise ApiError(501, f"response_format: {body.response_format.type!r} needs the JSON "
-                       "constraint, which this worker does not have yet",
-                       param="response_format", code="not_supported",
-                       hint="leave response_format out, or use {\"type\": \"text\"}")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
     messages = tuple(ChatMessage(m.role, _message_text(m, i)) for i, m in enumerate(body.messages))
@@ -158,14 +168,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         else body.max_tokens
     options = openai_options(body, model, max_tokens=max_tokens,
                              top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-    # Seam for engine sessions (issue 3): request.headers.get("x-session-id").
-    handle = ctx.submit(model, GenerateRequest(messages=messages, options=options))
+    handle = ctx.submit(model, GenerateRequest(messages=messages, options=options),
+                        session=session)
     first = await first_item(handle, request, OPENAI_RENAMES)
     meta = _meta("chat.completion", "chatcmpl", model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        return JobStreamingResponse(_chat_stream(first, handle, meta, include_usage,
-                                                 body.logprobs), [handle], "text/event-stream")
+        streaming = JobStreamingResponse(_chat_stream(first, handle, meta, include_usage,
+                                                      body.logprobs), [handle],
+                                         "text/event-stream")
+        if session is not None:
+            streaming.headers[HEADER] = session
+        return streaming
+    if session is not None:
+        response.headers[HEADER] = session
     chunks, final = await collect(handle, request, first, OPENAI_RENAMES)
     logprobs = None
     if body.logprobs:

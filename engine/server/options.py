@@ -13,6 +13,11 @@
 
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.
+
+JSON output (the engine's JSON constraint): OpenAI ``response_format`` ``json_object``
+(an object) or ``json_schema`` (``json_schema.schema``); Ollama ``format`` ``"json"``
+(an object) or a schema; llama.cpp ``json_schema`` (``{}`` = any JSON value). A schema
+the constraint cannot express is a 400 naming the keyword.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.config import GenerateOptions, StopSequence
+from engine.config import ConstraintKind, GenerateOptions, JsonConstraintSpec, StopSequence
 from engine.errors import InvalidOptionError
 from engine.server.errors import ApiError, from_exception
 from engine.server.models import LoadedModel
-from engine.server.schemas import LlamaSampling, OllamaOptions, _OpenAISampling
+from engine.server.schemas import LlamaSampling, OllamaOptions, ResponseFormat, _OpenAISampling
 from engine.tokenizer import Tokenizer
 
 OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "stop_sequences": "stop"}
@@ -49,6 +54,44 @@ def make_options(fields: Mapping[str, Any], renames: Mapping[str, str]) -> Gener
         return GenerateOptions(**fields)
     except InvalidOptionError as exc:
         raise from_exception(exc, renames=renames) from exc
+
+
+def _constraint(param: str, kind: ConstraintKind, schema: Mapping[str, Any] | None = None,
+                object_only: bool = False) -> JsonConstraintSpec:
+    try:
+        return JsonConstraintSpec(kind, schema, object_only)
+    except InvalidOptionError as exc:
+        raise from_exception(exc, renames={"constraint": param}) from exc
+
+
+def response_constraint(fmt: ResponseFormat | None) -> JsonConstraintSpec | None:
+    """OpenAI ``response_format`` -> the JSON constraint (None for text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return _constraint("response_format", "json_object", object_only=True)
+    if fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        if schema is None:
+            raise ApiError(400, "response_format: json_schema needs json_schema.schema",
+                           param="response_format",
+                           hint='send {"type": "json_schema", "json_schema": {"name": "x", '
+                           '"schema": {...}}}')
+        return _constraint("response_format", "json_schema", schema)
+    raise ApiError(400, f"response_format: type must be text, json_object or json_schema, "
+                   f"got {fmt.type!r}", param="response_format")
+
+
+def ollama_constraint(fmt: str | Mapping[str, Any] | None) -> JsonConstraintSpec | None:
+    """Ollama ``format``: ``"json"`` (an object) or a JSON schema."""
+    if not fmt:
+        return None
+    if isinstance(fmt, str):
+        if fmt.strip().lower() != "json":
+            raise ApiError(400, f'format: expected "json" or a JSON schema, got {fmt!r}',
+                           param="format")
+        return _constraint("format", "json_object", object_only=True)
+    return _constraint("format", "json_schema", fmt)
 
 
 def seed_value(seed: int | None, *, random: Sequence[int] = ()) -> int | None:
@@ -138,6 +181,7 @@ def openai_options(body: _OpenAISampling, model: LoadedModel, *, max_tokens: int
         "seed": seed_value(body.seed),
         "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
         "top_logprobs": top_logprobs,
+        "constraint": response_constraint(body.response_format),
     }, {**OPENAI_RENAMES, "top_logprobs": logprobs_field})
 
 
@@ -183,10 +227,13 @@ def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int =
         "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
         "stop_on_eos": not body.ignore_eos,
         "top_logprobs": body.n_probs if body.n_probs > 0 else None,
+        "constraint": None if body.json_schema is None
+        else _constraint("json_schema", "json_schema", body.json_schema),
     }, LLAMA_RENAMES)
 
 
-def ollama_options(options: OllamaOptions | None, model: LoadedModel) -> GenerateOptions:
+def ollama_options(options: OllamaOptions | None, model: LoadedModel,
+                   fmt: str | Mapping[str, Any] | None = None) -> GenerateOptions:
     engine = model.engine
     o = options or OllamaOptions()
     temperature = 0.8 if o.temperature is None else max(o.temperature, 0.0)
@@ -209,4 +256,5 @@ def ollama_options(options: OllamaOptions | None, model: LoadedModel) -> Generat
         "frequency_penalty": o.frequency_penalty or 0.0,
         "seed": seed_value(o.seed, random=(-1,)),
         "stop_sequences": stop_sequences(o.stop, engine.tokenizer),
+        "constraint": ollama_constraint(fmt),
     }, OLLAMA_RENAMES)

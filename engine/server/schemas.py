@@ -38,8 +38,17 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Body):
+    """``text``, ``json_object`` or ``json_schema`` (with ``json_schema.schema``)."""
+
     type: str = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _OpenAISampling(_Body):
@@ -60,6 +69,7 @@ class _OpenAISampling(_Body):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -67,7 +77,6 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
 
 
@@ -218,3 +227,17 @@ class ErrorResponse(BaseModel):
 
     error: ErrorDetail | str
 
+
+LimitValue = Annotated[str, Field(max_length=64)] | int | float
+
+
+class LimitsRequest(BaseModel):
+    """One memory limit to change now. A value is ``auto``, a fraction of the tier's
+    capacity (``0.5``), a percentage (``"50%"``), a size (``"8GiB"``, ``"512MiB"``,
+    ``"8GB"``) or plain bytes (``8589934592``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vram: LimitValue | None = None
+    host_ram: LimitValue | None = None
+    disk: LimitValue | None = None

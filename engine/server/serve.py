@@ -46,7 +46,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key, admin_token=token, admin_token_file=token_file,
         cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,
-        access_log=args.access_log)
+        access_log=args.access_log, session_idle_s=args.session_idle_timeout,
+        max_sessions=args.max_sessions)
 
 
 def warn_if_exposed(config: ServerConfig) -> None:

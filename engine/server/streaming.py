@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.engine import GenerateRequest
+from engine.engine import Engine, GenerateRequest
 from engine.server.config import ServerConfig
 from engine.server.errors import ApiError, dumps, from_exception
 from engine.server.generation import Chunk, Final, Limits, generation_job
 from engine.server.metrics import Metrics
 from engine.server.models import LoadedModel, ModelManager
+from engine.server.sessions import SessionRegistry, session_job
 from engine.server.worker import EngineWorker, JobHandle, Priority
 
 Item = Chunk | Final
@@ -42,12 +43,23 @@ class ServerContext:
     worker: EngineWorker
     models: ModelManager
     metrics: Metrics
+    sessions: SessionRegistry = field(default_factory=SessionRegistry)
 
     def submit(self, model: LoadedModel, request: GenerateRequest, *,
                limits: Limits = Limits(),  # noqa: B008
-               priority: Priority = "normal") -> JobHandle[Item]:
-        job = generation_job(lambda: self.models.engine_for(model), request, limits,
-                             on_final=self.metrics.observe_generation, priority=priority)
+               priority: Priority = "normal", session: str | None = None) -> JobHandle[Item]:
+        """Queue a generation; with ``session`` (a chat request) it is a turn of that named
+        session (see engine/server/sessions.py)."""
+        def engine_of() -> Engine:
+            return self.models.engine_for(model)
+
+        if session is not None and request.messages is not None:
+            job = session_job(engine_of, self.sessions, session, request.messages,
+                              request.options, on_final=self.metrics.observe_generation,
+                              priority=priority)
+        else:
+            job = generation_job(engine_of, request, limits,
+                                 on_final=self.metrics.observe_generation, priority=priority)
         try:
             return self.worker.submit(job, priority)
         except Exception as exc:

@@ -12,6 +12,11 @@ engine's scheduler (``engine.scheduler``), so one round is one scheduler step th
 advances, and batches, every running generation; an urgent prompt is prefilled alone
 first. ``exclusive`` jobs (loading or unloading a model) run alone: they start when the
 running jobs have finished and hold new ones back until they are done.
+
+:meth:`EngineWorker.call` is for short work that must happen on the engine thread but is
+not a job (a resource snapshot, a limit change, closing a session): it runs between two
+rounds, within about one token, however many jobs run or wait, and never counts against
+the queue. A call that waited while a model loaded runs once the load is done.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,38 @@ class JobHandle(Generic[T]):
             self.cancel_event.set()
 
 
+class _Call(Generic[T]):
+    """A function for the engine thread and the future its result goes to."""
+
+    def __init__(self, fn: Callable[[], T], future: asyncio.Future[T],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.fn = fn
+        self.future = future
+        self.loop = loop
+
+    def run(self) -> None:
+        if self.future.cancelled():  # the caller stopped waiting: skip the work
+            return
+        try:
+            value = self.fn()
+        except Exception as exc:
+            self.settle(exc, None)
+            return
+        self.settle(None, value)
+
+    def settle(self, error: BaseException | None, value: T | None) -> None:
+        def finish() -> None:
+            if self.future.done():
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(value)  # type: ignore[arg-type]
+
+        with suppress(RuntimeError):  # a closed event loop: nobody is waiting any more
+            self.loop.call_soon_threadsafe(finish)
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """What one finished job did (the last few are kept for /metrics and tests)."""
@@ -135,7 +173,7 @@ class EngineWorker:
         self.max_queue = max_queue
         #: Jobs the engine runs at once (its batch); more than that wait.
         self.max_running = max_running
-        self._queue: queue.Queue[_Job[object] | None] = queue.Queue()
+        self._queue: queue.Queue[_Job[object] | _Call[Any] | None] = queue.Queue()
         self._ids = itertools.count(1)
         self._active: list[_Job[object]] = []
         self._held: deque[_Job[object]] = deque()  # admitted later (an exclusive job runs)
@@ -178,6 +216,18 @@ class EngineWorker:
                                  exclusive=exclusive))
         return handle
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread between two rounds and return its result (see
+        the module docstring); call from the event loop's thread. A caller that stops
+        waiting before it ran skips it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            if self._stopping:
+                raise WorkerStoppedError("the worker is shutting down")
+            self._queue.put(_Call(fn, future, loop))
+        return await future
+
     def _retry_after(self) -> int:
         recent = [r.wait_s + r.run_s for r in list(self.history)[-16:]]
         per_job = sum(recent) / len(recent) if recent else 1.0
@@ -196,7 +246,9 @@ class EngineWorker:
                     queued = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if queued is not None:
+                if isinstance(queued, _Call):
+                    queued.settle(WorkerStoppedError("the worker is shutting down"), None)
+                elif queued is not None:
                     self._pending -= 1
                     queued.handle.cancel()
                     queued.handle._post(_ERROR, WorkerStoppedError("the worker is shutting down"))
@@ -232,6 +284,9 @@ class EngineWorker:
             block = False
             if job is None:
                 return False
+            if isinstance(job, _Call):
+                job.run()  # between rounds: no step of any job is in progress
+                continue
             self._held.append(job)
         while self._held and len(self._active) < self.max_running:
             job = self._held[0]

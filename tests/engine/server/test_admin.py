@@ -104,3 +104,15 @@ def test_loading_state_answers_503_with_retry_after(swap):
         assert info.value.status == 503
     finally:
         models.state, models.loading = "empty", None
+
+
+def test_without_a_model_resources_are_empty_and_limits_wait_for_one(swap):
+    with swap.admin() as admin:
+        admin.post("/v1/models/unload", json={}).raise_for_status()
+        resources = admin.get("/v1/resources").json()
+        assert resources["state"] == "empty" and resources["model"] is None
+        assert resources["governor"] is None and resources["kv"] is None
+        limits = admin.put("/v1/limits", json={"host_ram": "50%"})
+        assert limits.status_code == 503 and limits.headers["retry-after"]
+        assert admin.delete("/v1/sessions/any").status_code == 404
+        assert "engine_kv_bytes" not in admin.get("/metrics").text

@@ -166,6 +166,6 @@ def test_model_without_fim_tokens_gets_501_with_a_message(nofim_server):
     assert llama_vim_accepts('{"content":""}')  # sanity of the helper itself
 
 
-def test_grammar_is_refused_until_the_constraint_exists(server):
+def test_gbnf_grammar_is_refused_json_schema_is_the_way(server):
     response = _infill(server, n_predict=4, grammar="root ::= \"x\"")
-    assert response.status_code == 501
+    assert response.status_code == 501 and "json_schema" in response.text

@@ -87,8 +87,8 @@ def test_errors_are_ollama_shaped(server, nofim_server):
                                                "options": {"temperature": "hot"}})
         assert bad.status_code == 400 and "temperature" in bad.json()["error"]
         fmt = http.post("/api/generate", json={"model": MODEL_NAME, "prompt": "x",
-                                               "format": "json"})
-        assert fmt.status_code == 501
+                                               "format": "xml"})
+        assert fmt.status_code == 400 and "format" in fmt.json()["error"]
     with nofim_server.client() as http:
         nofim = http.post("/api/generate", json={"prompt": "a", "suffix": "b"})
         assert nofim.status_code == 501 and "fill-in-the-middle" in nofim.json()["error"]

@@ -156,10 +156,10 @@ def test_refusals_are_clear_4xx_and_5xx_answers(client):
         client.completions.create(model="llama-3-70b", prompt="x")
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.completions.create(model=MODEL_NAME, prompt="x", logit_bias={"999999": 5})
-    with pytest.raises(openai.InternalServerError) as info:  # 501: no JSON constraint yet
-        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user",
-                                                                    "content": "x"}],
-                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.InternalServerError) as info:  # 501: no tool calling yet
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     assert info.value.status_code == 501
 
 

@@ -114,6 +114,34 @@ def test_a_full_queue_refuses_with_retry_after_and_stop_cancels_waiting_jobs():
     assert not worker.thread.is_alive()
 
 
+def test_calls_run_on_the_engine_thread_between_rounds_even_when_jobs_fill_it():
+    worker = EngineWorker(max_running=1)
+    worker.start()
+    log: list[str] = []
+
+    async def main() -> None:
+        running = worker.submit(_counting(10_000, log, "running", delay=0.002))
+        waiting = worker.submit(_counting(1, log, "waiting"))
+        assert await anext(running) == 0
+        thread = await asyncio.wait_for(
+            worker.call(lambda: threading.current_thread().name), 1.0)
+        assert thread == "engine" and log == ["running:engine"]  # the queue did not move
+
+        def broken() -> int:
+            raise ValueError("no")
+
+        with pytest.raises(ValueError, match="no"):
+            await worker.call(broken)
+        running.cancel()
+        assert [i async for i in waiting] == [0]
+        stopper = asyncio.get_running_loop().run_in_executor(None, worker.stop, 5.0)
+        await stopper
+        with pytest.raises(WorkerStoppedError):
+            await worker.call(lambda: 1)
+
+    _run(main())
+
+
 @pytest.mark.parametrize("pieces,n,expected,stopped", [
     (["def f():\n", "    return 1\n", "x = 2"], 4, "def f():\n    return 1\n", True),
     (["a\n  ", "  b\n\n", "    c"], 4, "a\n    b\n\n    c", False),
