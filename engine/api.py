@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.config import GenerateOptions
 from engine.errors import InvalidPromptError
 from engine.sampling import TokenLogprob
+from engine.speculative import SpeculativeStats
 from engine.stopping import FinishReason
 from engine.tokenizer import ChatMessage
 
@@ -51,6 +52,8 @@ class GenerateResult:
     logprobs: tuple[TokenLogprob, ...] = ()
     #: Prompt tokens whose KV was reused instead of computed.
     prefix_cache_hit_len: int = 0
+    #: Proposed / accepted tokens when speculative decoding ran.
+    speculation: SpeculativeStats | None = None
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,20 @@ class GenerateOptions:
     top_logprobs: int | None = None
     #: Only tokens that keep the output a valid JSON prefix; see ``engine.constraint``.
     constraint: JsonConstraintSpec | None = None
+    #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass.
+    #: Runs only where it cannot change the output (greedy, no processors, no logprobs).
+    speculative_mode: str = "none"
+    num_speculative_tokens: int = 4
+    speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
+        if self.speculative_mode not in ("none", "prompt_lookup"):
+            raise InvalidOptionError("speculative_mode", f"expected 'none' or 'prompt_lookup'"
+                                     f", got {self.speculative_mode!r}",
+                                     hint="use 'prompt_lookup' for code edits")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1,
+                   hint="e.g. 4")
+        _check_int("speculative_ngram", self.speculative_ngram, minimum=1, hint="e.g. 3")
         _check_int("max_new_tokens", self.max_new_tokens, minimum=1,
                    hint="ask for at least one new token")
         if self.max_context is not None:

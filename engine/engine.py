@@ -245,9 +245,7 @@ class Engine:
         run = self.start_run(request, prompt, session, cancel, started)
         try:
             while not run.finished:
-                event = run.advance()
-                if event is not None:
-                    yield event
+                yield from run.advance()
         except GeneratorExit:
             self.end_run(run, session)  # the caller stopped listening
             raise
@@ -350,6 +348,10 @@ class Engine:
     def end_run(self, run: RequestRun, session: Session | None) -> None:
         """Save a session's new KV and history, index full pages, store chunks."""
         runner = run.runner
+        # A stop inside a speculated block leaves KV of tokens that were not output.
+        held = len(run.prompt) + len(run.sampled) - 1
+        if runner.length > held:
+            runner.rewind(runner.length - held)
         if session is not None:
             session.tokens = run.prompt + run.sampled
             self._save_session_kv(runner, session)

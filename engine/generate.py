@@ -13,6 +13,7 @@ from engine.constraint import TokenConstraint
 from engine.decode import DecodeRunner
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
+from engine.speculative import AdaptiveK, PromptLookup, SpeculativeStats, verify_greedy
 
 
 @dataclass
@@ -82,6 +83,12 @@ class TokenSequence:
         self._context = ProcessorContext(prompt_ids=list(prompt_ids), generated_ids=[])
         self._top_n = options.top_logprobs
         self._fast_greedy = options.is_greedy and not self._chain and self._top_n is None
+        self.speculation: SpeculativeStats | None = None
+        if (options.speculative_mode == "prompt_lookup" and self._fast_greedy
+                and not runner.spec.logits_last_only):
+            self._lookup = PromptLookup(options.speculative_ngram, 16)
+            self._k = AdaptiveK(options.num_speculative_tokens, 16)
+            self.speculation = SpeculativeStats()
         self.generated = 0
         self.done = False
         #: The sampled token the model has not seen yet (the next decode input).
@@ -97,10 +104,42 @@ class TokenSequence:
         self._next = end
         return None if self.prefilling else self.accept(logits)
 
-    def decode(self) -> StepOutput:
-        """Feed `pending` on this sequence's runner alone and sample the next token."""
+    @property
+    def batchable(self) -> bool:
+        """One token per step (speculating sequences verify several alone)."""
+        return self.speculation is None
+
+    def decode(self) -> list[StepOutput]:
+        """Feed `pending` on this sequence's runner alone: the next token, or several when
+        speculation guessed right."""
         assert self.pending is not None and not self.done
-        return self.accept(self.runner.forward(np.array([self.pending], dtype=np.int64)))
+        if self.speculation is not None:
+            steps = self._speculate()
+            if steps:
+                return steps
+            self.speculation.forwards += 1  # nothing to guess: a plain step
+            self.speculation.tokens += 1
+        return [self.accept(self.runner.forward(np.array([self.pending], dtype=np.int64)))]
+
+    def _speculate(self) -> list[StepOutput]:
+        assert self.pending is not None and self.speculation is not None
+        budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total)
+        k = min(self._k.k, budget - 1)
+        history = [*self._context.prompt_ids, *self._context.generated_ids]
+        draft = self._lookup.propose(history, k)
+        if not draft:
+            return []
+        rows = self.runner.forward(np.array([self.pending, *draft], dtype=np.int64),
+                                   all_logits=True)
+        tokens = verify_greedy(rows, draft)
+        self.runner.rewind(len(draft) - (len(tokens) - 1))  # the KV of rejected guesses
+        stats = self.speculation
+        stats.proposed += len(draft)
+        stats.accepted += len(tokens) - 1
+        stats.forwards += 1
+        stats.tokens += len(tokens)
+        self._k.update(len(draft), len(tokens) - 1)
+        return [self._record(token, None) for token in tokens]
 
     def accept(self, logits: np.ndarray) -> StepOutput:
         """Sample from the logits of the last position fed."""
@@ -112,6 +151,9 @@ class TokenSequence:
             token = self._sampler(processed, self._context)
             logprob = (token_logprob(processed, token, self._top_n)
                        if self._top_n is not None else None)
+        return self._record(token, logprob)
+
+    def _record(self, token: int, logprob: TokenLogprob | None) -> StepOutput:
         now = time.perf_counter()
         if self.generated == 0:
             self.clock.first_token = now

@@ -102,11 +102,23 @@ class RequestRun:
         self.finish = finish
         return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
 
-    def advance(self) -> GenerateEvent | None:
-        """Run this request alone for one step (a prefill chunk or a decode step)."""
+    def advance(self) -> list[GenerateEvent]:
+        """Run this request alone for one step: a prefill chunk, or a decode step (which
+        yields several tokens when speculation guessed right)."""
         seq = self.sequence
-        step = seq.prefill_chunk() if seq.prefilling else seq.decode()
-        return self.on_step(step) if step is not None else None
+        if seq.prefilling:
+            first = seq.prefill_chunk()
+            steps = [first] if first is not None else []
+        else:
+            steps = seq.decode()
+        events = []
+        for step in steps:
+            if self.finish is not None:
+                break  # a stop within a verified block: the rest is not output
+            event = self.on_step(step)
+            if event is not None:
+                events.append(event)
+        return events
 
     def closing_events(self) -> list[GenerateEvent]:
         """The held-back text (if any) and the final event carrying the result.
@@ -135,6 +147,6 @@ class RequestRun:
         result = GenerateResult(
             text="".join(self._pieces), token_ids=tuple(generated), finish_reason=finish,
             prompt_tokens=len(self.prompt), timings=timings, logprobs=tuple(self._logprobs),
-            prefix_cache_hit_len=self.cached)
+            prefix_cache_hit_len=self.cached, speculation=self.sequence.speculation)
         events.append(GenerateEvent("", None, None, ended, result=result))
         return events

@@ -166,17 +166,17 @@ class Scheduler:
         """Run one step of one request alone."""
         assert ticket.run is not None
         try:
-            event = ticket.run.advance()
+            events = ticket.run.advance()
         except Exception as exc:
             self._fail(ticket, exc)
             return
-        if event is not None:
+        for event in events:
             ticket.sink(event)
 
     def _decode(self, tickets: list[Ticket]) -> None:
         runs = [_run_of(t) for t in tickets]
         rows = [r.runner for r in runs if isinstance(r.runner, SharedBufferRunner)]
-        batched = len(rows) == len(runs) and len(runs) > 1
+        batched = len(rows) == len(runs) > 1 and all(r.sequence.batchable for r in runs)
         if not batched:
             for ticket in tickets:
                 self._advance(ticket)

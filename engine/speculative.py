@@ -1,0 +1,92 @@
+"""Speculative decoding that keeps greedy output unchanged: propose, verify, rewind.
+
+A proposer guesses the next K tokens; the target model runs the pending token and the K
+guesses in one forward pass; the longest prefix of guesses that equals the target's own
+greedy choices is kept, plus the target's next token, and the KV of the rejected guesses
+is rewound. Code editing repeats what is on the screen, so prompt lookup (the tokens that
+followed the last occurrence of the current n-gram in the prompt or the output) often
+yields several tokens per forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.errors import InvalidOptionError
+
+
+class PromptLookup:
+    """Proposes the continuation of the latest earlier occurrence of the trailing n-gram."""
+
+    def __init__(self, ngram: int = 3, max_tokens: int = 8) -> None:
+        for name, value in (("ngram", ngram), ("max_tokens", max_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidOptionError(f"prompt_lookup.{name}", f"expected an integer > 0, "
+                                         f"got {value!r}", hint="e.g. ngram=3, max_tokens=8")
+        self.ngram = ngram
+        self.max_tokens = max_tokens
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to `k` guessed tokens after `history` (empty when nothing matches)."""
+        k = min(k, self.max_tokens)
+        if k <= 0:
+            return []
+        seq = np.asarray(history, dtype=np.int64)
+        for n in range(min(self.ngram, len(seq) - 1), 0, -1):
+            tail = seq[-n:]
+            # windows of length n that end before the tail itself
+            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
+            hits = np.flatnonzero((windows == tail).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n  # the latest earlier occurrence
+                return [int(t) for t in seq[start:start + k]]
+        return []
+
+
+@dataclass
+class SpeculativeStats:
+    proposed: int = 0
+    accepted: int = 0
+    forwards: int = 0
+    tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"proposed": self.proposed, "accepted": self.accepted,
+                "forwards": self.forwards, "tokens": self.tokens,
+                "acceptance_rate": round(self.acceptance_rate, 4),
+                "tokens_per_forward": round(self.tokens_per_forward, 4)}
+
+
+class AdaptiveK:
+    """How many tokens to propose: shrinks while guesses fail, grows while they hold."""
+
+    def __init__(self, start: int, maximum: int) -> None:
+        self.k = max(1, min(start, maximum))
+        self.maximum = maximum
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed and accepted == proposed:
+            self.k = min(self.k + 1, self.maximum)
+        elif proposed and accepted * 2 < proposed:
+            self.k = max(1, self.k // 2)
+
+
+def verify_greedy(rows: np.ndarray, draft: Sequence[int]) -> list[int]:
+    """The tokens greedy decoding produces given logits `rows` for [pending, *draft]:
+    the draft's longest prefix matching the argmax, then the target's own next token."""
+    greedy = np.argmax(rows, axis=1)
+    accepted = 0
+    while accepted < len(draft) and int(greedy[accepted]) == draft[accepted]:
+        accepted += 1
+    return [*draft[:accepted], int(greedy[accepted])]

@@ -1,0 +1,104 @@
+"""Prompt-lookup speculation: several tokens per forward pass, output unchanged."""
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+from engine.errors import InvalidOptionError
+from engine.scheduler import Scheduler
+from engine.speculative import AdaptiveK, PromptLookup, verify_greedy
+
+PATTERN = [1, 2, 3, 4] * 12
+
+
+def test_prompt_lookup_continues_the_latest_occurrence_of_the_tail():
+    lookup = PromptLookup(ngram=3, max_tokens=8)
+    history = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert lookup.propose(history, 3) == [7, 8, 5]  # the later occurrence wins
+    assert lookup.propose([4, 5, 6, 5], 2) == [6, 5]  # falls back to a 1-gram
+    assert lookup.propose([1, 2, 3], 4) == []
+    assert lookup.propose(history, 0) == []
+
+
+def test_prompt_lookup_validates_its_settings():
+    with pytest.raises(InvalidOptionError, match="ngram"):
+        PromptLookup(ngram=0)
+    with pytest.raises(InvalidOptionError, match="speculative_mode"):
+        GenerateOptions(speculative_mode="eagle")
+    with pytest.raises(InvalidOptionError, match="num_speculative_tokens"):
+        GenerateOptions(num_speculative_tokens=0)
+
+
+def test_verify_keeps_the_matching_prefix_and_the_targets_next_token():
+    rows = np.full((4, 10), -1.0)
+    for i, t in enumerate([4, 5, 9, 2]):  # the target's greedy picks at each position
+        rows[i, t] = 1.0
+    assert verify_greedy(rows, [4, 5, 6]) == [4, 5, 9]
+    assert verify_greedy(rows, [1, 5, 9]) == [4]
+    assert verify_greedy(rows, [4, 5, 9]) == [4, 5, 9, 2]
+
+
+def test_adaptive_k_shrinks_on_misses_and_grows_on_hits():
+    k = AdaptiveK(4, 8)
+    k.update(4, 4)
+    assert k.k == 5
+    k.update(5, 1)
+    assert k.k == 2
+
+
+@pytest.fixture(scope="module", params=["genai", "optimum", "static"])
+def engine(request, genai_model_dir, optimum_model_dir, static_model_dir):
+    folder = {"genai": genai_model_dir, "optimum": optimum_model_dir,
+              "static": static_model_dir}[request.param]
+    return Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False))
+
+
+def _run(engine, prompt, mode, n=14, **kw):
+    engine.runner.reset()
+    fields = {"temperature": 0.0, "stop_on_eos": False, **kw}
+    return engine.generate(GenerateRequest(token_ids=tuple(prompt), options=GenerateOptions(
+        max_new_tokens=n, speculative_mode=mode, **fields)))
+
+
+def test_speculation_gives_the_same_tokens_with_fewer_forward_passes(engine):
+    plain = _run(engine, PATTERN, "none")
+    fast = _run(engine, PATTERN, "prompt_lookup")
+    assert fast.token_ids == plain.token_ids
+    stats = fast.speculation
+    assert stats is not None and stats.tokens == len(fast.token_ids) - 1
+    assert stats.accepted > 0 and stats.tokens_per_forward > 1.0
+    for prompt in ([5, 17, 42, 99, 7, 300, 12], [3, 9] * 10):
+        assert _run(engine, prompt, "prompt_lookup").token_ids == \
+            _run(engine, prompt, "none").token_ids
+
+
+def test_speculation_steps_aside_where_it_could_change_the_output(engine):
+    sampled = _run(engine, PATTERN, "prompt_lookup", temperature=0.8, seed=3)
+    logprobs = _run(engine, PATTERN, "prompt_lookup", top_logprobs=2)
+    assert sampled.speculation is None and logprobs.speculation is None
+
+
+def test_a_stop_inside_a_verified_block_ends_there(engine):
+    plain = list(_run(engine, PATTERN, "none").token_ids)
+    stop = plain[5]
+    cut = plain.index(stop)
+    result = _run(engine, PATTERN, "prompt_lookup", eos_token_ids=(stop,), stop_on_eos=True)
+    assert list(result.token_ids) == plain[:cut]
+    again = _run(engine, PATTERN, "prompt_lookup")  # the engine's KV is consistent after it
+    assert list(again.token_ids) == plain
+
+
+def test_speculating_requests_run_beside_others_in_the_scheduler(engine):
+    scheduler = Scheduler(engine)
+    results: dict[str, list] = {"fast": [], "plain": []}
+    prompts = {"fast": PATTERN, "plain": [5, 17, 42, 99, 7]}
+    for name, prompt in prompts.items():
+        mode = "prompt_lookup" if name == "fast" else "none"
+        scheduler.submit(GenerateRequest(token_ids=tuple(prompt), options=GenerateOptions(
+            temperature=0.0, stop_on_eos=False, max_new_tokens=12, speculative_mode=mode)),
+            results[name].append)
+    while scheduler.step():
+        pass
+    for name, prompt in prompts.items():
+        assert results[name][-1].result.token_ids == \
+            _run(engine, prompt, "none", n=12).token_ids
