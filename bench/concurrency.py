@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench._fresh import run_worker
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -116,16 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.decode import build_models
 
     model = build_models(OUT, [args.model])[args.model]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    runs = []
     started = time.perf_counter()
-    for _ in range(args.rounds):
-        proc = subprocess.run([sys.executable, "-m", "bench.concurrency", "--worker",
-                               str(model), "--threads", str(args.threads)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=1800)
-        if proc.returncode:
-            raise RuntimeError(proc.stderr[-3000:])
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = [run_worker("bench.concurrency", "--worker", str(model), "--threads",
+                       str(args.threads)) for _ in range(args.rounds)]
     best = {"one_stream_tok_s": max(r["one_stream_tok_s"] for r in runs),
             "four_streams_tok_s": max(r["four_streams_tok_s"] for r in runs),
             "fim_idle_ttft_ms": min(r["fim_idle_ttft_ms"] for r in runs),

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench._fresh import run_worker
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -102,15 +102,8 @@ def worker(arm: str, model: Path, prompts: list[list[int]], threads: int) -> dic
 
 
 def spawn(arm: str, model: Path, edits: int, threads: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.fim_edit", "--worker", arm, "--model-dir", str(model),
-           "--edits", str(edits), "--threads", str(threads)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{arm} worker failed:\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    return run_worker("bench.fim_edit", "--worker", arm, "--model-dir", str(model),
+                      "--edits", str(edits), "--threads", str(threads))
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

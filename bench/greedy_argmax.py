@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench._fresh import run_worker
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -105,15 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.decode import build_models
 
     model = build_models(OUT, [args.model])[args.model]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs: dict[str, list[dict[str, Any]]] = {"logits": [], "argmax": []}
     for r in range(args.rounds):
         for arm in (("logits", "argmax") if r % 2 == 0 else ("argmax", "logits")):
-            proc = subprocess.run([sys.executable, "-m", "bench.greedy_argmax", "--worker",
-                                   str(model), arm, "--threads", str(args.threads)], cwd=REPO,
-                                  env=env, capture_output=True, text=True, timeout=900,
-                                  check=True)
-            runs[arm].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            runs[arm].append(run_worker("bench.greedy_argmax", "--worker", str(model), arm,
+                                        "--threads", str(args.threads), timeout=900))
     best = {arm: min(x["ms_per_token"] for x in rs) for arm, rs in runs.items()}
     same = runs["logits"][0]["tokens"] == runs["argmax"][0]["tokens"]
     OUT.mkdir(parents=True, exist_ok=True)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from bench._fresh import run_worker
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -60,13 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.decode import build_models
 
     model = build_models(OUT, [args.model])[args.model]
-    runs = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for _ in range(args.rounds):
-        proc = subprocess.run([sys.executable, "-m", "bench.prefix_reuse", "--worker",
-                               str(model), "--threads", str(args.threads)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=900, check=True)
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = [run_worker("bench.prefix_reuse", "--worker", str(model), "--threads",
+                       str(args.threads), timeout=900) for _ in range(args.rounds)]
     best = {k: min(r[k] for r in runs) for k in ("cold_ms", "paged_ms", "live_ms")}
     summary = {"runs": runs, "best": best, "hits": {"paged": runs[0]["paged_hit"],
                                                    "live": runs[0]["live_hit"]},
