@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.capacity import default_providers
 from engine.config import EngineConfig, GenerateOptions
@@ -354,6 +356,12 @@ class Engine:
             runner.rewind(runner.length - held)
         if session is not None:
             session.tokens = run.prompt + run.sampled
+            held = len(session.tokens) - 1
+            if (run.sampled and not run.cancelled and runner.transfers_kv
+                    and runner.length == held < runner.context_length):
+                # The answer's last token was sampled, never fed: compute its KV now, so
+                # the next turn prefills exactly its own new tokens.
+                runner.forward(np.array(session.tokens[-1:], dtype=np.int64))
             self._save_session_kv(runner, session)
         self._report_kv()
         if self.kv_tiers is not None:

@@ -65,10 +65,8 @@ def test_sessions_persist_context_and_prefill_only_new_tokens(pair):
                                                                 options=_opts(2)))
         prompt = history + turn
         assert result.prompt_tokens == len(prompt)
-        if history:
-            # only the new tokens, plus the previous answer's last token the model has
-            # not seen yet, are prefilled
-            assert result.prompt_tokens - result.prefix_cache_hit_len == len(turn) + 1
+        if history:  # only the new tokens are prefilled
+            assert result.prompt_tokens - result.prefix_cache_hit_len == len(turn)
         assert result.token_ids == _cold(cold, prompt, 2).token_ids
         history = prompt + list(result.token_ids)
         _run(warm, [1, 2, 3])  # another request between turns takes the runner
