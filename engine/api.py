@@ -52,6 +52,8 @@ class GenerateResult:
     logprobs: tuple[TokenLogprob, ...] = ()
     #: Prompt tokens whose KV was reused instead of computed.
     prefix_cache_hit_len: int = 0
+    #: Oldest prompt tokens dropped to fit the context (only with truncate_prompt).
+    prompt_tokens_dropped: int = 0
     #: Proposed / accepted tokens when speculative decoding ran.
     speculation: SpeculativeStats | None = None
 

@@ -111,6 +111,10 @@ class GenerateOptions:
     constraint: JsonConstraintSpec | None = None
     #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass.
     #: Runs only where it cannot change the output (greedy, no processors, no logprobs).
+    #: A prompt that does not fit the context is refused unless this is set: then its
+    #: oldest tokens are dropped (leaving room for max_new_tokens) and the result says how
+    #: many.
+    truncate_prompt: bool = False
     speculative_mode: str = "none"
     num_speculative_tokens: int = 4
     speculative_ngram: int = 3

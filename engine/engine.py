@@ -45,9 +45,11 @@ from engine.kv_cache import (
     release_page,
 )
 from engine.kv_tiers import KVTiers, model_identity
+from engine.limits import parse_limit
 from engine.model_dir import ModelDir, load_model_dir
+from engine.placement import plan_placement
 from engine.request import RequestRun
-from engine.runtime import SessionInfo, make_session
+from engine.runtime import SessionInfo, available_providers, make_session, provider_from_env
 from engine.sessions import Session, SessionStore
 from engine.tokenizer import Tokenizer
 
@@ -84,6 +86,8 @@ class Engine:
         limit = config.kv_max_len or model.context_length
         self.context_length = min(limit, model.context_length,
                                   spec.static_max_len or model.context_length)
+        #: Why the model runs on the CPU although a GPU was there (None when it does not).
+        self.placement_reason: str | None = None
         self._new_runner = runner_factory(session, spec, self.context_length,
                                           config.max_batch)
         #: One runner per concurrently running sequence; runner 0 serves `stream`.
@@ -131,8 +135,16 @@ class Engine:
         tokenizer = Tokenizer.from_dir(model.path)
         spec = resolve_io(model.graph.inputs, model.graph.outputs, model.declared,
                           has_gqa=model.graph.has_gqa, source=model.format)
-        session, info = make_session(model.model_file, config)
-        return cls(model, tokenizer, session, info, spec, config)
+        placement = plan_placement(
+            provider_from_env(config.provider), available_providers(), model.weights_bytes,
+            parse_limit(config.vram_limit, field="vram_limit"))
+        if placement.reason:
+            log.warning("%s", placement.reason)
+        session, info = make_session(model.model_file, config, provider=placement.provider,
+                                     provider_options=placement.provider_options)
+        engine = cls(model, tokenizer, session, info, spec, config)
+        engine.placement_reason = placement.reason
+        return engine
 
     @property
     def runner(self) -> DecodeRunner:
@@ -217,25 +229,34 @@ class Engine:
 
     def _stream(self, request: GenerateRequest, prompt: list[int], session: Session | None,
                 cancel: threading.Event | None, started: float) -> EventStream:
-        self.check_fits(prompt, request.options)
-        return self._run(request, prompt, session, cancel, started)
+        fitted = self.fit_prompt(prompt, request.options, session is not None)
+        return self._run(request, fitted, session, cancel, started, len(prompt) - len(fitted))
 
-    def check_fits(self, prompt: list[int], options: GenerateOptions) -> None:
+    def fit_prompt(self, prompt: list[int], options: GenerateOptions,
+                   in_session: bool = False) -> list[int]:
+        """The prompt if it fits the context; with `truncate_prompt`, its newest tokens
+        (room left for max_new_tokens); else ContextOverflowError with the numbers."""
         max_total = self.max_total(options)
-        if len(prompt) >= max_total:
+        if len(prompt) < max_total:
+            return prompt
+        if not options.truncate_prompt or in_session:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; the context holds {max_total}, leaving "
-                "no room for an answer", hint="shorten the prompt or raise max_context")
+                "no room for an answer", hint="shorten the prompt, raise max_context, or "
+                "allow truncation (truncate_prompt)")
+        keep = max(1, max_total - options.max_new_tokens)
+        return prompt[len(prompt) - keep:]
 
     def start_run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
                   cancel: threading.Event | None, started: float,
-                  runner: DecodeRunner | None = None) -> RequestRun:
+                  runner: DecodeRunner | None = None, dropped: int = 0) -> RequestRun:
         """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
         runner = runner or self.runner
         cached = self._prepare_runner(runner, prompt, session)
         total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
         self._ensure_room(runner.growth_bytes(total))
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
+                         dropped=dropped,
                          eos=self._stop_ids(request), max_total=self.max_total(request.options),
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started)
@@ -243,8 +264,8 @@ class Engine:
         return run
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
-             cancel: threading.Event | None, started: float) -> EventStream:
-        run = self.start_run(request, prompt, session, cancel, started)
+             cancel: threading.Event | None, started: float, dropped: int) -> EventStream:
+        run = self.start_run(request, prompt, session, cancel, started, dropped=dropped)
         try:
             while not run.finished:
                 yield from run.advance()
@@ -446,6 +467,7 @@ class Engine:
 
     def describe(self) -> Mapping[str, object]:
         return {"model": str(self.model.path), "provider": self.provider,
+                "placement_reason": self.placement_reason,
                 "threads": self.session_info.threads, "decode_path": self.decode_path,
                 "context_length": self.context_length}
 

@@ -24,7 +24,8 @@ _FLUSHED = ("max_tokens", "length", "cancelled", "json_complete")
 class RequestRun:
     def __init__(self, request: GenerateRequest, prompt: list[int], *, runner: DecodeRunner,
                  tokenizer: Tokenizer, eos: tuple[int, ...], max_total: int, chunk_size: int,
-                 cached: int, cancel: threading.Event | None, started: float) -> None:
+                 cached: int, cancel: threading.Event | None, started: float,
+                 dropped: int = 0) -> None:
         options = request.options
         self.request = request
         self.prompt = prompt
@@ -32,6 +33,7 @@ class RequestRun:
         self.cancel = cancel
         self.started = started
         self.cached = cached
+        self.dropped = dropped
         self._stopper = StopChecker(options, eos_token_ids=eos)
         self._detok = tokenizer.detokenizer(skip_special=True)
         single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
@@ -147,6 +149,7 @@ class RequestRun:
         result = GenerateResult(
             text="".join(self._pieces), token_ids=tuple(generated), finish_reason=finish,
             prompt_tokens=len(self.prompt), timings=timings, logprobs=tuple(self._logprobs),
-            prefix_cache_hit_len=self.cached, speculation=self.sequence.speculation)
+            prefix_cache_hit_len=self.cached, speculation=self.sequence.speculation,
+            prompt_tokens_dropped=self.dropped)
         events.append(GenerateEvent("", None, None, ended, result=result))
         return events

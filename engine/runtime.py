@@ -94,12 +94,22 @@ class SessionInfo:
     threads: int
 
 
-def make_session(model_file: Path, config: EngineConfig) -> tuple[Any, SessionInfo]:
+def available_providers() -> list[str]:
     import onnxruntime as ort
 
     check_ort_installation()
-    requested = provider_from_env(config.provider)
-    providers = choose_providers(requested, ort.get_available_providers())
+    return list(ort.get_available_providers())
+
+
+def make_session(model_file: Path, config: EngineConfig, *, provider: str | None = None,
+                 provider_options: dict[str, str] | None = None) -> tuple[Any, SessionInfo]:
+    """An ORT session; `provider` (after placement) overrides the configured one."""
+    import onnxruntime as ort
+
+    requested = provider or provider_from_env(config.provider)
+    names = choose_providers(requested, available_providers())
+    providers: list[Any] = [(n, provider_options) if provider_options and n != names[-1]
+                            else n for n in names]
     options = ort.SessionOptions()
     threads = config.intra_op_threads or default_threads()
     options.intra_op_num_threads = threads

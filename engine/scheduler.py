@@ -56,6 +56,8 @@ class Ticket:
     #: KV of a preempted run, parked in pages until it resumes.
     parked: PageTable | None = None
     preemptions: int = 0
+    #: Oldest prompt tokens dropped to fit the context (truncate_prompt).
+    dropped: int = 0
     done: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -284,7 +286,9 @@ class Scheduler:
             session = self._session(ticket)
             if session is not None:
                 prompt = session.tokens + prompt
-            self.engine.check_fits(prompt, ticket.request.options)
+            fitted = self.engine.fit_prompt(prompt, ticket.request.options, session is not None)
+            ticket.dropped = len(prompt) - len(fitted)
+            prompt = fitted
         except Exception as exc:
             ticket.done = True
             if not isinstance(exc, EngineError):
@@ -299,9 +303,9 @@ class Scheduler:
             if ticket.run is not None:
                 self._resume(ticket, runner)
             else:
-                ticket.run = self.engine.start_run(ticket.request, prompt,
-                                                   self._session(ticket), ticket.cancel,
-                                                   ticket.submitted, runner)
+                ticket.run = self.engine.start_run(
+                    ticket.request, prompt, self._session(ticket), ticket.cancel,
+                    ticket.submitted, runner, dropped=ticket.dropped)
         except ResourceLimitError as exc:
             if self.active:  # memory frees up as running requests finish: wait for it
                 self.waiting.append(ticket)

@@ -297,3 +297,17 @@ def test_fim_request_uses_the_model_layout_and_stops_on_fim_tokens(genai):
     result = genai.generate(request)
     assert "print(add" not in result.text  # the suffix is never appended to the output
 
+
+
+def test_truncation_only_when_asked_and_reported(genai):
+    long_prompt = tuple(range(10, 250))  # the forge's context is 256
+    with pytest.raises(ContextOverflowError, match="truncate_prompt"):
+        genai.generate(GenerateRequest(token_ids=long_prompt, options=GenerateOptions(
+            max_new_tokens=32, temperature=0.0, max_context=200)))
+    result = genai.generate(GenerateRequest(token_ids=long_prompt, options=GenerateOptions(
+        max_new_tokens=32, temperature=0.0, max_context=200, truncate_prompt=True,
+        stop_on_eos=False)))
+    assert result.prompt_tokens == 200 - 32 and result.prompt_tokens_dropped == 240 - 168
+    assert len(result.token_ids) == 32
+    kept = long_prompt[-168:]
+    assert list(result.token_ids) == _greedy(genai, kept, n=32)
