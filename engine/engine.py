@@ -36,14 +36,10 @@ from engine.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOut
 from engine.io_spec import IOSpec, resolve_io
 from engine.kv_cache import (
     KVGeometry,
-    NoRoomError,
     PagePool,
-    PageTable,
     PrefixCache,
-    append_rows,
-    read_rows,
-    release_page,
 )
+from engine.kv_reuse import KVReuse
 from engine.kv_tiers import KVTiers, model_identity
 from engine.limits import parse_limit
 from engine.model_dir import ModelDir, load_model_dir
@@ -62,14 +58,6 @@ __all__ = ["Engine", "GenerateEvent", "GenerateRequest", "GenerateResult", "Timi
 
 #: Special tokens that end a chat turn in the common templates.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class Engine:
@@ -101,6 +89,7 @@ class Engine:
         reuse = config.prefix_cache and self.runner.transfers_kv
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
+        self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers)
         self.governor = self._make_governor(page_bytes)
         kv_tier = self.governor.kv_tier
         self.pool.admit = lambda nbytes: self.governor.can_allocate(kv_tier, nbytes)
@@ -252,7 +241,7 @@ class Engine:
                   runner: DecodeRunner | None = None, dropped: int = 0) -> RequestRun:
         """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
         runner = runner or self.runner
-        cached = self._prepare_runner(runner, prompt, session)
+        cached = self.reuse.prepare(runner, prompt, session)
         total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
         self._ensure_room(runner.growth_bytes(total))
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
@@ -337,37 +326,6 @@ class Engine:
 
     # --- KV reuse ---------------------------------------------------------------------
 
-    def _prepare_runner(self, runner: DecodeRunner, prompt: list[int],
-                        session: Session | None) -> int:
-        """Put the longest reusable prefix of `prompt` into `runner`; return its length."""
-        size = self.pool.page_size
-        limit = len(prompt) - 1  # at least one prompt token always runs
-        live = common_prefix_len(runner.tokens, prompt, limit)
-        if self.prefix_cache is not None and live < len(runner.tokens) // 2:
-            # The runner moves on to another sequence: keep the old one's pages findable.
-            # (Continuing the same document keeps its KV live and copies nothing.)
-            self._publish_pages(runner)
-        best, source = live, None
-        if session is not None and runner.transfers_kv and min(session.kv_len, limit) > best:
-            best, source = min(session.kv_len, limit), session.table
-        if self.prefix_cache is not None and limit - best >= size:
-            pages, _ = self.prefix_cache.lookup(prompt, limit)
-            if len(pages) * size > best:
-                best, source = len(pages) * size, PageTable(pages, len(pages) * size)
-        tiers = self.kv_tiers
-        if tiers is not None and limit - best >= tiers.chunk:
-            keys = tiers.available(prompt, limit)
-            if len(keys) * tiers.chunk > best:
-                start = (live // tiers.chunk) * tiers.chunk
-                runner.rewind(runner.length - start)
-                return tiers.fetch_into(runner, prompt, keys, start)
-        start = live if source is None else (live // size) * size
-        runner.rewind(runner.length - start)
-        if source is not None:
-            rows = read_rows(self.pool, source, start, best)
-            runner.import_kv(rows, start, prompt[start:best])
-        return best
-
     def end_run(self, run: RequestRun, session: Session | None) -> None:
         """Save a session's new KV and history, index full pages, store chunks."""
         runner = run.runner
@@ -383,42 +341,9 @@ class Engine:
                 # The answer's last token was sampled, never fed: compute its KV now, so
                 # the next turn prefills exactly its own new tokens.
                 runner.forward(np.array(session.tokens[-1:], dtype=np.int64))
-            self._save_session_kv(runner, session)
+            self.reuse.save_session(runner, session)
         self._report_kv()
-        if self.kv_tiers is not None:
-            try:
-                self.kv_tiers.save_from(runner, runner.tokens)
-            except Exception:  # the store is best effort: never fail a finished request
-                log.exception("storing KV chunks failed; later requests recompute them")
-
-    def _save_session_kv(self, runner: DecodeRunner, session: Session) -> None:
-        held = runner.tokens
-        if not runner.transfers_kv or session.kv_len >= len(held):
-            return
-        try:
-            rows = runner.export_kv(session.kv_len, len(held))
-            append_rows(self.pool, session.table, rows, self.prefix_cache)
-        except NoRoomError:
-            self.sessions.drop_kv(session)  # recomputed next turn; tokens are kept
-            return
-        if self.prefix_cache is not None:
-            for index, h in enumerate(self.prefix_cache.chain(held[: session.kv_len])):
-                self.prefix_cache.insert(h, session.table.pages[index])
-
-    def _publish_pages(self, runner: DecodeRunner) -> None:
-        cache, size = self.prefix_cache, self.pool.page_size
-        assert cache is not None
-        for index, h in enumerate(cache.chain(runner.tokens)):
-            if cache.contains(h):
-                continue
-            page = self.pool.alloc()
-            if page is None and cache.evict(1):
-                page = self.pool.alloc()
-            if page is None:
-                return  # best effort: a full pool only means less reuse
-            self.pool.write(page, runner.export_kv(index * size, (index + 1) * size))
-            cache.insert(h, page)
-            release_page(self.pool, page, cache)
+        self.reuse.store(runner)
 
     # --- sessions ---------------------------------------------------------------------
 

@@ -27,9 +27,10 @@ import numpy as np
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.decode import DecodeRunner
 from engine.decode_gqa import SharedBufferRunner
-from engine.engine import Engine, common_prefix_len
+from engine.engine import Engine
 from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
 from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
+from engine.kv_reuse import common_prefix_len
 from engine.request import RequestRun
 from engine.sessions import Session
 from engine.stopping import FinishReason

@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from engine.config import GenerateOptions
-from engine.engine import Engine, GenerateRequest, common_prefix_len
+from engine.engine import Engine, GenerateRequest
+from engine.kv_reuse import common_prefix_len
 from engine.server.errors import ApiError
 from engine.server.generation import Chunk, Final, run_generation
 from engine.server.models import ModelManager
