@@ -89,7 +89,6 @@ class Engine:
         reuse = config.prefix_cache and self.runner.transfers_kv
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
-        self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers)
         self.governor = self._make_governor(page_bytes)
         kv_tier = self.governor.kv_tier
         self.pool.admit = lambda nbytes: self.governor.can_allocate(kv_tier, nbytes)
@@ -99,6 +98,7 @@ class Engine:
             self.kv_tiers = KVTiers(config.kv_store,
                                     model_identity(model, session_info.provider, kv_dtype),
                                     on_gpu=session_info.provider in ("cuda", "directml"))
+        self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers)
 
     def _make_governor(self, page_bytes: int) -> Governor:
         config, provider = self.config, self.session_info.provider
