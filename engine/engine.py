@@ -140,10 +140,17 @@ class Engine:
         return self.runners[0]
 
     def add_runner(self) -> DecodeRunner | None:
-        """Another runner for a concurrent sequence, or None at `config.max_batch`."""
+        """Another runner for a concurrent sequence; None at `config.max_batch` or when the
+        memory budget has no room for it (a new bank row is allocated at once)."""
         if len(self.runners) >= self.config.max_batch:
             return None
+        first = self.runners[0]
+        row_bytes = first.capacity * self.spec.kv_bytes_per_token \
+            if isinstance(first, SharedBufferRunner) else 0
+        if not self.governor.can_allocate(self.governor.kv_tier, row_bytes):
+            return None
         self.runners.append(self._new_runner())
+        self._report_kv()
         return self.runners[-1]
 
     @property
