@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from engine.runtime import SessionInfo, available_providers, make_session, provi
 from engine.sessions import Session, SessionStore
 from engine.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from engine.scheduler import Scheduler
+
 log = logging.getLogger(__name__)
 
 #: A stream of events; closing it early (a client went away) keeps the engine consistent.
@@ -74,6 +77,7 @@ class Engine:
         limit = config.kv_max_len or model.context_length
         self.context_length = min(limit, model.context_length,
                                   spec.static_max_len or model.context_length)
+        self._scheduler: Scheduler | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
         self._new_runner = runner_factory(session, spec, self.context_length,
@@ -134,6 +138,15 @@ class Engine:
         engine = cls(model, tokenizer, session, info, spec, config)
         engine.placement_reason = placement.reason
         return engine
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler that runs this engine's requests together (created on first use)."""
+        if self._scheduler is None:
+            from engine.scheduler import Scheduler
+
+            self._scheduler = Scheduler(self)
+        return self._scheduler
 
     @property
     def runner(self) -> DecodeRunner:
@@ -307,29 +320,26 @@ class Engine:
         self._report_kv()
         change = self.governor.set_limit(tier, value)
         before, pages, spilled = self.kv_bytes(), 0, 0
+
+        def short() -> bool:  # freed less than the change asks for
+            return before - self.kv_bytes() < change.excess_bytes
+
         if change.excess_bytes > 0 and self.prefix_cache is not None:
             page_bytes = max(self.pool.geometry.page_bytes(self.pool.page_size), 1)
             pages = self.prefix_cache.evict(-(-change.excess_bytes // page_bytes))
-        if self._over(before - self.kv_bytes(), change.excess_bytes):
-            for session in self.sessions.idle():
-                if session.kv_len:
-                    self.sessions.drop_kv(session)
-                    spilled += 1
-                if not self._over(before - self.kv_bytes(), change.excess_bytes):
-                    break
-        if self._over(before - self.kv_bytes(), change.excess_bytes):
+        for session in self.sessions.idle():
+            if not short():
+                break
+            self.sessions.drop_kv(session)
+            spilled += 1
+        if short():
             for bank in {id(r.bank): r.bank for r in self.runners
                          if isinstance(r, SharedBufferRunner)}.values():
                 bank.shrink()
         self._report_kv()
-        freed = before - self.kv_bytes()
-        return LimitOutcome(change, bytes_freed=freed, pages_evicted=pages,
+        return LimitOutcome(change, bytes_freed=before - self.kv_bytes(), pages_evicted=pages,
                             sessions_spilled=spilled,
                             still_over=self.governor.over_limit(change.tier) > 0)
-
-    @staticmethod
-    def _over(freed: int, excess: int) -> bool:
-        return freed < excess
 
     # --- KV reuse ---------------------------------------------------------------------
 

@@ -96,10 +96,7 @@ class Scheduler:
     @classmethod
     def of(cls, engine: Engine) -> Scheduler:
         """The engine's scheduler (one per engine, created on first use)."""
-        existing = engine.__dict__.get("_scheduler")
-        if existing is None:
-            existing = engine.__dict__["_scheduler"] = cls(engine)
-        return existing
+        return engine.scheduler
 
     def stream(self, request: GenerateRequest, *, priority: Priority = "normal",
                session_id: int | None = None,
