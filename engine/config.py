@@ -120,9 +120,9 @@ class GenerateOptions:
     speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
-        if self.speculative_mode not in ("none", "prompt_lookup"):
-            raise InvalidOptionError("speculative_mode", f"expected 'none' or 'prompt_lookup'"
-                                     f", got {self.speculative_mode!r}",
+        if self.speculative_mode not in ("none", "prompt_lookup", "draft_model"):
+            raise InvalidOptionError("speculative_mode", "expected 'none', 'prompt_lookup' or "
+                                     f"'draft_model', got {self.speculative_mode!r}",
                                      hint="use 'prompt_lookup' for code edits")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1,
                    hint="e.g. 4")
@@ -232,6 +232,8 @@ class EngineConfig:
     disk_limit: str | None = None
     #: Limits may change while running (the memory slider).
     runtime_override: bool = True
+    #: A smaller model with the same tokenizer, for speculative_mode="draft_model".
+    draft_model: str | None = None
     #: Sequences decoded together in one batch (the scheduler's concurrency).
     max_batch: int = 4
     #: Tiered KV store for prefixes across requests and restarts; off unless given.

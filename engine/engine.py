@@ -22,7 +22,12 @@ from engine.capacity import default_providers
 from engine.config import EngineConfig, GenerateOptions
 from engine.decode import DecodeRunner, runner_factory
 from engine.decode_gqa import SharedBufferRunner
-from engine.errors import ContextOverflowError, InvalidPromptError, ResourceLimitError
+from engine.errors import (
+    ContextOverflowError,
+    InvalidPromptError,
+    ModelLoadError,
+    ResourceLimitError,
+)
 from engine.fim import (
     FimFamily,
     FimFile,
@@ -78,6 +83,8 @@ class Engine:
         self.context_length = min(limit, model.context_length,
                                   spec.static_max_len or model.context_length)
         self._scheduler: Scheduler | None = None
+        #: The draft model's runner (speculative_mode="draft_model"), when one is loaded.
+        self.draft_runner: DecodeRunner | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
         self._new_runner = runner_factory(session, spec, self.context_length,
@@ -137,7 +144,27 @@ class Engine:
                                      provider_options=placement.provider_options)
         engine = cls(model, tokenizer, session, info, spec, config)
         engine.placement_reason = placement.reason
+        if config.draft_model is not None:
+            engine.draft_runner = engine._load_draft(config.draft_model, placement.provider)
         return engine
+
+    def _load_draft(self, path: str, provider: str) -> DecodeRunner:
+        """A draft model's runner; its tokenizer must be this model's (same token texts)."""
+        draft = load_model_dir(path)
+        texts = Tokenizer.from_dir(draft.path).token_texts()
+        if texts != self.tokenizer.token_texts():
+            raise ModelLoadError(
+                f"the draft model {draft.path} has another tokenizer than {self.model.path}",
+                hint="use a draft model of the same family (same tokenizer.json)")
+        spec = resolve_io(draft.graph.inputs, draft.graph.outputs, draft.declared,
+                          has_gqa=draft.graph.has_gqa, source=draft.format)
+        if spec.vocab_size > self.spec.vocab_size:
+            raise ModelLoadError(
+                f"the draft model's vocabulary ({spec.vocab_size}) is larger than the "
+                f"target's ({self.spec.vocab_size})", hint="use a draft of the same family")
+        session, _ = make_session(draft.model_file, self.config, provider=provider)
+        context = min(draft.context_length, self.context_length)
+        return runner_factory(session, spec, context, 1)()
 
     @property
     def scheduler(self) -> Scheduler:
@@ -265,7 +292,7 @@ class Engine:
         total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
         self._ensure_room(runner.growth_bytes(total))
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
-                         dropped=dropped,
+                         dropped=dropped, draft_runner=self.draft_runner,
                          eos=self._stop_ids(request), max_total=self.max_total(request.options),
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started)

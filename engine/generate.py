@@ -11,9 +11,17 @@ import numpy as np
 from engine.config import GenerateOptions
 from engine.constraint import TokenConstraint
 from engine.decode import DecodeRunner
+from engine.errors import InvalidOptionError
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
-from engine.speculative import AdaptiveK, PromptLookup, SpeculativeStats, verify_greedy
+from engine.speculative import (
+    AdaptiveK,
+    DraftModel,
+    PromptLookup,
+    Proposer,
+    SpeculativeStats,
+    verify_greedy,
+)
 
 
 @dataclass
@@ -63,7 +71,8 @@ class TokenSequence:
                  options: GenerateOptions, *, max_total: int, chunk_size: int,
                  cached: int = 0, stop_token_ids: Sequence[int] = (),
                  sampler: Sampler | None = None, clock: LoopClock | None = None,
-                 constraint: TokenConstraint | None = None) -> None:
+                 constraint: TokenConstraint | None = None,
+                 draft_runner: DecodeRunner | None = None) -> None:
         assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
         self.runner = runner
         self.options = options
@@ -84,9 +93,17 @@ class TokenSequence:
         self._top_n = options.top_logprobs
         self._fast_greedy = options.is_greedy and not self._chain and self._top_n is None
         self.speculation: SpeculativeStats | None = None
-        if (options.speculative_mode == "prompt_lookup" and self._fast_greedy
+        if (options.speculative_mode != "none" and self._fast_greedy
                 and not runner.spec.logits_last_only):
-            self._lookup = PromptLookup(options.speculative_ngram, 16)
+            self._proposer: Proposer
+            if options.speculative_mode == "prompt_lookup":
+                self._proposer = PromptLookup(options.speculative_ngram, 16)
+            elif draft_runner is not None:
+                self._proposer = DraftModel(draft_runner)
+            else:
+                raise InvalidOptionError(
+                    "speculative_mode", "'draft_model' needs an engine loaded with a draft "
+                    "model", hint="load the engine with EngineConfig(draft_model=DIR)")
             self._k = AdaptiveK(options.num_speculative_tokens, 16)
             self.speculation = SpeculativeStats()
         self.generated = 0
@@ -126,7 +143,7 @@ class TokenSequence:
         budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total)
         k = min(self._k.k, budget - 1)
         history = [*self._context.prompt_ids, *self._context.generated_ids]
-        draft = self._lookup.propose(history, k)
+        draft = self._proposer.propose(history, k)
         if not draft:
             return []
         rows = self.runner.forward(np.array([self.pending, *draft], dtype=np.int64),

@@ -25,7 +25,7 @@ class RequestRun:
     def __init__(self, request: GenerateRequest, prompt: list[int], *, runner: DecodeRunner,
                  tokenizer: Tokenizer, eos: tuple[int, ...], max_total: int, chunk_size: int,
                  cached: int, cancel: threading.Event | None, started: float,
-                 dropped: int = 0) -> None:
+                 dropped: int = 0, draft_runner: DecodeRunner | None = None) -> None:
         options = request.options
         self.request = request
         self.prompt = prompt
@@ -45,7 +45,7 @@ class RequestRun:
         self.sequence = TokenSequence(
             runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
             stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
-            clock=self.clock, constraint=self._constraint)
+            clock=self.clock, constraint=self._constraint, draft_runner=draft_runner)
         #: Every token the model produced, EOS included.
         self.sampled: list[int] = []
         self._logprobs: list[TokenLogprob] = []

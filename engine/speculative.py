@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from engine.errors import InvalidOptionError
+
+
+class Proposer(Protocol):
+    def propose(self, history: Sequence[int], k: int) -> list[int]: ...
 
 
 class PromptLookup:
@@ -44,6 +49,50 @@ class PromptLookup:
                 start = int(hits[-1]) + n  # the latest earlier occurrence
                 return [int(t) for t in seq[start:start + k]]
         return []
+
+
+class DraftModel:
+    """Proposes with a smaller model of the same tokenizer, greedy, on its own runner.
+
+    The draft runner keeps the KV of what it has seen; each proposal rewinds it to the
+    part of the history it shares (rejected guesses) and feeds the rest.
+    """
+
+    def __init__(self, runner: DraftRunner, max_tokens: int = 8) -> None:
+        self.runner = runner
+        self.max_tokens = max_tokens
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        k = min(k, self.max_tokens, self.runner.context_length - len(history))
+        if k <= 0:
+            return []
+        runner = self.runner
+        shared = 0
+        limit = min(len(runner.tokens), len(history) - 1)
+        while shared < limit and runner.tokens[shared] == history[shared]:
+            shared += 1
+        runner.rewind(runner.length - shared)
+        runner.reserve(len(history) + k)
+        logits = runner.forward(np.asarray(history[shared:], dtype=np.int64))
+        draft = [int(np.argmax(logits))]
+        while len(draft) < k:
+            logits = runner.forward(np.array(draft[-1:], dtype=np.int64))
+            draft.append(int(np.argmax(logits)))
+        return draft
+
+
+class DraftRunner(Protocol):
+    """What DraftModel needs of a decode runner (engine.decode.DecodeRunner)."""
+
+    tokens: list[int]
+    length: int
+    context_length: int
+
+    def rewind(self, n: int) -> None: ...
+
+    def reserve(self, total_tokens: int) -> None: ...
+
+    def forward(self, token_ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray: ...
 
 
 @dataclass

@@ -102,3 +102,39 @@ def test_speculating_requests_run_beside_others_in_the_scheduler(engine):
     for name, prompt in prompts.items():
         assert results[name][-1].result.token_ids == \
             _run(engine, prompt, "none", n=12).token_ids
+
+
+def _draft_engine(target_dir, draft_dir):
+    return Engine.load(target_dir, EngineConfig(intra_op_threads=1, prefix_cache=False,
+                                                draft_model=str(draft_dir)))
+
+
+def test_a_draft_model_of_the_same_weights_is_always_right(genai_model_dir):
+    engine = _draft_engine(genai_model_dir, genai_model_dir)
+    plain = _run(engine, [5, 17, 42, 99, 7], "none", n=24)
+    fast = _run(engine, [5, 17, 42, 99, 7], "draft_model", n=24)
+    assert fast.token_ids == plain.token_ids
+    assert fast.speculation is not None and fast.speculation.acceptance_rate == 1.0
+    assert fast.speculation.tokens_per_forward > 2
+
+
+def test_a_different_draft_model_never_changes_the_output(genai_model_dir, tmp_path):
+    from tests.forge import ForgeSpec, write_genai_model
+
+    other = write_genai_model(tmp_path / "draft", ForgeSpec(seed=7, layers=1))
+    engine = _draft_engine(genai_model_dir, other)
+    for prompt in ([5, 17, 42, 99, 7], PATTERN):
+        assert _run(engine, prompt, "draft_model", n=20).token_ids == \
+            _run(engine, prompt, "none", n=20).token_ids
+
+
+def test_draft_models_need_the_same_tokenizer_and_a_loaded_draft(genai_model_dir, tmp_path):
+    from engine.errors import ModelLoadError
+    from tests.forge import ForgeSpec, write_genai_model
+
+    other = write_genai_model(tmp_path / "wide", ForgeSpec(vocab=600), tokenizer_vocab=600)
+    with pytest.raises(ModelLoadError, match="another tokenizer"):
+        _draft_engine(genai_model_dir, other)
+    plain = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    with pytest.raises(InvalidOptionError, match="draft model"):
+        _run(plain, PATTERN, "draft_model")
