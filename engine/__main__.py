@@ -42,6 +42,11 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--threads", type=int)
     gen.add_argument("--provider", choices=PROVIDERS, default="auto")
+    gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model"),
+                     default="none", help="greedy only: guess tokens, verify them in one pass")
+    gen.add_argument("--draft-model", help="draft model folder for --speculative draft_model")
+    gen.add_argument("--truncate-prompt", action="store_true",
+                     help="drop the oldest prompt tokens when the prompt does not fit")
     gen.add_argument("--vram-limit", default="auto",
                      help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ...")
     gen.add_argument("--host-ram-limit", default="auto",
@@ -78,7 +83,8 @@ def _generate(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
         presence_penalty=args.presence_penalty, seed=args.seed,
         stop_sequences=tuple(args.stop), stop_on_eos=not args.no_stop_on_eos,
-        top_logprobs=args.top_logprobs)
+        top_logprobs=args.top_logprobs, speculative_mode=args.speculative,
+        truncate_prompt=args.truncate_prompt)
     if args.chat is not None:
         messages = [ChatMessage("system", args.system)] if args.system else []
         messages.append(ChatMessage("user", args.chat))
@@ -89,7 +95,7 @@ def _generate(args: argparse.Namespace) -> int:
         request = GenerateRequest(prompt=args.prompt, options=options)
     engine = Engine.load(args.model, EngineConfig(
         provider=args.provider, intra_op_threads=args.threads, vram_limit=args.vram_limit,
-        host_ram_limit=args.host_ram_limit))
+        host_ram_limit=args.host_ram_limit, draft_model=args.draft_model))
     result = None
     for event in engine.stream(request):
         if args.stream and event.text and not args.json:
@@ -104,6 +110,8 @@ def _generate(args: argparse.Namespace) -> int:
             "timings": result.timings.as_dict(), "provider": engine.provider,
             "decode_path": engine.decode_path,
             "resources": engine.resource_snapshot().as_dict(),
+            "speculation": result.speculation.as_dict() if result.speculation else None,
+            "prompt_tokens_dropped": result.prompt_tokens_dropped,
         }))
     elif args.stream:
         sys.stdout.write("\n")
