@@ -4,8 +4,9 @@ Answers are compact JSON (llama.vim matches ``"content"\\s*:"``). ``response_fie
 picks fields by path and returns them under the path itself (``"timings/prompt_n"``).
 ``n_predict: 0`` (llama.vim's cache warm-up) answers at once; when the engine is idle it
 then runs that prompt in the background so its KV lands in the prefix cache.
-``t_max_prompt_ms`` and ``t_max_predict_ms`` are hard budgets: the answer stops at the token (or prefill chunk)
-that exceeds them, with ``stop_type: "limit"`` and ``limit`` naming the budget.
+``t_max_prompt_ms`` and ``t_max_predict_ms`` are hard budgets: the answer stops at the
+token (or prefill chunk) that exceeds them, with ``stop_type: "limit"`` and ``limit``
+naming the budget.
 ``id_slot`` and ``cache_prompt`` are accepted and change nothing: the scheduler already
 gives a request the runner whose cache shares most of its prompt, and prompt KV is always
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
