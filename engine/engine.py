@@ -222,7 +222,9 @@ class Engine:
                                      hint="give at least one token of prompt text")
         return ids
 
-    def _stop_ids(self, request: GenerateRequest) -> tuple[int, ...]:
+    def stop_ids(self, request: GenerateRequest) -> tuple[int, ...]:
+        """The token ids that end this request: its own, else the model's EOS ids (plus the
+        end-of-turn tokens of chat templates for chat requests)."""
         if request.options.eos_token_ids is not None:
             return request.options.eos_token_ids
         if request.messages is None:
@@ -293,7 +295,7 @@ class Engine:
         self._ensure_room(runner.growth_bytes(total))
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
                          dropped=dropped, draft_runner=self.draft_runner,
-                         eos=self._stop_ids(request), max_total=self.max_total(request.options),
+                         eos=self.stop_ids(request), max_total=self.max_total(request.options),
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started)
         self._report_kv()  # the runner reserved its KV: the budget sees it now

@@ -181,7 +181,7 @@ def session_turn(engine: Engine, session_id: int, messages: tuple[ChatMessage, .
         engine.rewind_session(session_id, drop)
     if options.eos_token_ids is None:
         # token ids alone stop at EOS only: keep the chat request's end-of-turn stops
-        options = replace(options, eos_token_ids=engine._stop_ids(chat))
+        options = replace(options, eos_token_ids=engine.stop_ids(chat))
     return GenerateRequest(token_ids=tuple(new), options=options)
 
 
