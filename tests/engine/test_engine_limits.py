@@ -115,3 +115,23 @@ def test_no_new_batch_row_without_room(wide_kv_model):
     assert engine.add_runner() is None  # a second 10 MiB row does not fit in ~2 MiB
     engine.set_limit("host_ram", "auto")
     assert engine.add_runner() is not None and len(engine.runners) == 2
+
+
+def test_a_spilled_session_resumes_from_the_disk_tier(wide_kv_model, tmp_path):
+    from engine.config import KVStoreConfig
+
+    store = KVStoreConfig(chunk_tokens=16, disk_dir=str(tmp_path / "kv"), ram_bytes=0)
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, kv_store=store,
+                                                     prefix_cache=False))
+    solo = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, prefix_cache=False))
+    sid = engine.create_session()
+    first = engine.generate_in_session(sid, _req(8, tuple(range(20, 70))))
+    engine.generate(_req(4, (3, 4, 5)))  # another request takes the runner
+    snap = engine.resource_snapshot().host_ram
+    outcome = engine.set_limit("host_ram", str(snap.weights_bytes + snap.kv_bytes - 1))
+    assert outcome.sessions_spilled == 1  # its pages were dropped...
+    engine.set_limit("host_ram", "auto")  # the slider goes back up
+    second = engine.generate_in_session(sid, _req(6, (7, 8)))
+    history = list(range(20, 70)) + list(first.token_ids) + [7, 8]
+    assert second.prefix_cache_hit_len >= 48  # ...and its KV came back from disk
+    assert second.token_ids == solo.generate(_req(6, tuple(history))).token_ids
