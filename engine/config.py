@@ -13,7 +13,6 @@ from engine.errors import InvalidOptionError
 #: A stop sequence is text (matched on decoded output) or a run of token ids.
 StopSequence = str | tuple[int, ...]
 
-Provider = Literal["auto", "cpu", "cuda", "directml"]
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
 
 

@@ -319,10 +319,8 @@ class Engine:
     # --- memory -----------------------------------------------------------------------
 
     def kv_bytes(self) -> int:
-        """KV bytes held: runner buffers (a KV bank counted once) plus cached pages."""
-        banks = {id(r.bank): r.bank for r in self.runners if isinstance(r, SharedBufferRunner)}
-        loose = sum(r.kv_bytes for r in self.runners if not isinstance(r, SharedBufferRunner))
-        return sum(b.nbytes for b in banks.values()) + loose + self.pool.nbytes
+        """KV bytes held: every runner's buffers plus cached pages."""
+        return sum(r.kv_bytes for r in self.runners) + self.pool.nbytes
 
     def _report_kv(self) -> None:
         self.governor.report(self.governor.kv_tier, kv_bytes=self.kv_bytes())
@@ -362,8 +360,7 @@ class Engine:
             self.sessions.drop_kv(session)
             spilled += 1
         if short():
-            for bank in {id(r.bank): r.bank for r in self.runners
-                         if isinstance(r, SharedBufferRunner)}.values():
+            for bank in {r.bank for r in self.runners if isinstance(r, SharedBufferRunner)}:
                 bank.shrink()
         self._report_kv()
         return LimitOutcome(change, bytes_freed=before - self.kv_bytes(), pages_evicted=pages,

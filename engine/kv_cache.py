@@ -79,10 +79,6 @@ class PagePool:
     def nbytes(self) -> int:
         return self._live * self.geometry.page_bytes(self.page_size)
 
-    @property
-    def free_pages(self) -> int:
-        return self.max_pages - self._live
-
     def refcount(self, page: int) -> int:
         return self._refs[page]
 
