@@ -1,5 +1,5 @@
 """The app's own routes: /health, /metrics, and the admin routes (admin token required):
-GET /v1/library, POST /v1/models/load, POST /v1/models/unload.
+GET /v1/library, PUT /v1/library/roots, POST /v1/models/load, POST /v1/models/unload.
 
 Resources, limits and sessions are in engine/server/resources.py.
 """
@@ -16,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response
 from engine.server.errors import ApiError, CompactJSONResponse
 from engine.server.metrics import EngineGauges
 from engine.server.openai import model_card
-from engine.server.schemas import LoadModelRequest, UnloadModelRequest
+from engine.server.schemas import LibraryRootsRequest, LoadModelRequest, UnloadModelRequest
 from engine.server.streaming import Ctx
 
 router = APIRouter(tags=["App"])
@@ -56,6 +56,15 @@ async def library(ctx: Ctx) -> dict[str, Any]:
                for e in models.library()]
     return {"roots": [str(r) for r in models.roots], "models": entries,
             "loaded": current.id if current else None, "state": models.state}
+
+
+@router.put("/v1/library/roots")
+async def set_library_roots(body: LibraryRootsRequest, ctx: Ctx) -> dict[str, Any]:
+    """Replace the folders models may be loaded from (the app's library roots). Folders
+    that do not exist now (an unplugged drive) are kept: they list nothing until they
+    return."""
+    ctx.models.set_roots(body.roots)
+    return await library(ctx)
 
 
 @router.post("/v1/models/load")

@@ -166,6 +166,17 @@ class ModelManager:
 
     # --- the library ------------------------------------------------------------------
 
+    def set_roots(self, roots: Sequence[str | Path]) -> None:
+        """The folders models may come from, replaced (absolute paths; ``~`` expanded)."""
+        resolved = []
+        for raw in roots:
+            path = Path(raw).expanduser()
+            if not path.is_absolute():
+                raise ApiError(400, f"roots: {str(raw)!r} is not an absolute path",
+                               param="roots", hint="send absolute folder paths")
+            resolved.append(path.resolve())
+        self.roots = tuple(dict.fromkeys(resolved))
+
     def library(self) -> list[LibraryEntry]:
         """Model folders under the roots (one or two levels deep); unreadable ones skipped."""
         entries: list[LibraryEntry] = []

@@ -69,7 +69,8 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
             "owned_by": "local",
             "meta": {"family": model.family, "context_length": engine.context_length,
                      "fim": engine.fim_family.name if engine.fim_family else None,
-                     "format": engine.model.format, "provider": engine.provider}}
+                     "format": engine.model.format, "provider": engine.provider,
+                     "path": str(model.path)}}
 
 
 @router.get("/v1/models")

@@ -211,6 +211,11 @@ class LoadModelRequest(_Body):
     model: Annotated[str, Field(min_length=1, max_length=4096)]
 
 
+class LibraryRootsRequest(_Body):
+    roots: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]],
+                     Field(max_length=256)]
+
+
 class UnloadModelRequest(_Body):
     model: str = ""
 

@@ -29,7 +29,8 @@ from engine.server.errors import ApiError, dialect_of, dumps, error_body
 log = logging.getLogger(__name__)
 
 APP_NAME = "onnx-local-llm"
-ADMIN_PATHS = frozenset({"/v1/models/load", "/v1/models/unload", "/v1/library", "/v1/limits"})
+ADMIN_PATHS = frozenset({"/v1/models/load", "/v1/models/unload", "/v1/library",
+                         "/v1/library/roots", "/v1/limits"})
 PUBLIC_PATHS = frozenset({"/health"})
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 

@@ -1,0 +1,55 @@
+"""Where the app keeps things: user data (chats), config, the bundled resources."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "onnx-local-llm"
+
+
+def resources_dir() -> Path:
+    """``resources/`` of the source tree, or of the frozen bundle (PyInstaller)."""
+    frozen = getattr(sys, "_MEIPASS", None)
+    if frozen:
+        return Path(frozen) / "resources"
+    return Path(__file__).resolve().parents[1] / "resources"
+
+
+@dataclass(frozen=True)
+class AppPaths:
+    data_dir: Path  # chats.sqlite3
+    config_dir: Path  # settings, admin token
+    cache_dir: Path  # downloads in progress, KV store
+
+    @classmethod
+    def default(cls) -> AppPaths:
+        override = os.environ.get("ONNX_LOCAL_LLM_HOME")  # tests and portable installs
+        if override:
+            root = Path(override)
+            return cls(root / "data", root / "config", root / "cache")
+        return cls(Path(platformdirs.user_data_dir(APP_NAME)),
+                   Path(platformdirs.user_config_dir(APP_NAME)),
+                   Path(platformdirs.user_cache_dir(APP_NAME)))
+
+    def ensure(self) -> AppPaths:
+        for folder in (self.data_dir, self.config_dir, self.cache_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def chats_db(self) -> Path:
+        return self.data_dir / "chats.sqlite3"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where downloads go (a library root of its own)."""
+        return self.data_dir / "models"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.config_dir / "admin-token"

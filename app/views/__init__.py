@@ -1,0 +1,1 @@
+"""The window's views. Each takes the AppContext: ``View(ctx, parent=None)``."""

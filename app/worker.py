@@ -1,0 +1,255 @@
+"""Start, watch and restart the worker process (``python -m engine serve``).
+
+The worker prints one JSON ready line on stdout once its socket listens (and the model,
+when one is given, has loaded); everything else goes to stderr, of which the last lines
+are kept to explain a crash. When the worker dies unexpectedly the app is told why, in
+plain words, and a new worker starts (with the model that was loaded) after a short
+back-off; if it keeps dying it is left stopped with the reason shown. In the frozen app
+the worker is the app's own executable started with ``--worker``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+
+#: Back-off before restart number n (seconds); the first restart is at once.
+BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
+#: More crashes than this within CRASH_WINDOW_S: stop restarting.
+MAX_CRASHES = 5
+CRASH_WINDOW_S = 60.0
+STDERR_LINES = 40
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How to start the worker (from the settings)."""
+
+    model: str | None = None
+    models_dirs: tuple[str, ...] = ()
+    provider: str = "auto"
+    port: int = 0
+    api_key: str | None = None
+    threads: int = 0
+    host_ram_limit: str = "auto"
+    vram_limit: str = "auto"
+    admin_token_file: str | None = None
+    kv_store_dir: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        args = ["serve", "--port", str(self.port), "--provider", self.provider,
+                "--host-ram-limit", self.host_ram_limit, "--vram-limit", self.vram_limit]
+        if self.model:
+            args += ["--model", self.model]
+        for root in self.models_dirs:
+            args += ["--models-dir", root]
+        if self.api_key:
+            args += ["--api-key", self.api_key]
+        if self.threads > 0:
+            args += ["--threads", str(self.threads)]
+        if self.admin_token_file:
+            args += ["--admin-token-file", self.admin_token_file]
+        if self.kv_store_dir:
+            args += ["--kv-store-dir", self.kv_store_dir]
+        return args + list(self.extra_args)
+
+
+@dataclass(frozen=True)
+class ReadyInfo:
+    url: str
+    pid: int
+    model: str | None
+    admin_token: str | None
+    started_s: float  # from start() to the ready line
+
+
+@dataclass(frozen=True)
+class Crash:
+    exit_code: int
+    stderr_tail: list[str] = field(default_factory=list)
+    diagnosis: str = ""
+    restarting: bool = True
+
+
+def command_for(options: WorkerOptions) -> tuple[str, list[str]]:
+    """The program and arguments that start a worker: the same executable in the frozen
+    app, ``python -m engine`` from source."""
+    if getattr(sys, "frozen", False):
+        return sys.executable, ["--worker", *options.argv()]
+    return sys.executable, ["-m", "engine", *options.argv()]
+
+
+def diagnose(exit_code: int, crashed: bool, stderr_tail: list[str]) -> str:
+    """What probably happened, in words a user can act on."""
+    text = "\n".join(stderr_tail).lower()
+    if "memoryerror" in text or "bad_alloc" in text or "failed to allocate" in text \
+            or "out of memory" in text:
+        return ("The worker ran out of memory. Lower the memory limit, close other programs "
+                "or choose a smaller (e.g. int4) model.")
+    if exit_code in (-9, 137) or (crashed and exit_code == 9):
+        return ("The worker was killed (by the system's out-of-memory killer or another "
+                "program). If memory was short, lower the memory limit or choose a smaller "
+                "model.")
+    if ("cuda" in text or "cudnn" in text or "cublas" in text) and (
+            "cannot open shared object" in text or "not found" in text or "libcu" in text):
+        return ("A GPU runtime library is missing (CUDA/cuDNN). Install the NVIDIA runtime "
+                "or choose the CPU provider in Settings.")
+    if "address already in use" in text or "cannot listen" in text:
+        return "The worker's port is taken. Choose another port in Settings (0 picks any)."
+    if "error:" in text:  # the engine's own one-line error and fix
+        lines = [ln for ln in stderr_tail if ln.startswith(("error:", "fix:"))]
+        if lines:
+            return " ".join(lines[-2:])
+    how = "crashed" if crashed else f"stopped with exit code {exit_code}"
+    return f"The worker {how}. The last lines it wrote are below."
+
+
+class WorkerProcess(QObject):
+    """One local worker; ``start`` it, it keeps itself running until ``stop``."""
+
+    state_changed = Signal(str)  # starting | ready | restarting | stopped | failed
+    ready = Signal(object)  # ReadyInfo
+    died = Signal(object)  # Crash
+    log_line = Signal(str)  # each stderr line
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.options = WorkerOptions()
+        self.state = "stopped"
+        self.info: ReadyInfo | None = None
+        self._proc: QProcess | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._out = b""
+        self._err = b""
+        self._crashes: list[float] = []
+        self._started_at = 0.0
+        self._restart = QTimer(self)
+        self._restart.setSingleShot(True)
+        self._restart.timeout.connect(self._launch)
+
+    @property
+    def pid(self) -> int | None:
+        return self.info.pid if self.info else None
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_changed.emit(state)
+
+    def start(self, options: WorkerOptions) -> None:
+        """Start (or restart with new options)."""
+        self.options = options
+        self._crashes.clear()
+        if self._proc is not None:
+            self._shutdown(self._proc)
+        self._set_state("starting")
+        self._launch()
+
+    def set_model(self, model: str | None) -> None:
+        """The model a restarted worker loads (the one the user loaded last)."""
+        self.options = WorkerOptions(**{**self.options.__dict__, "model": model})
+
+    def _launch(self) -> None:
+        program, args = command_for(self.options)
+        proc = QProcess(self)
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONUNBUFFERED", "1")
+        proc.setProcessEnvironment(env)
+        proc.readyReadStandardOutput.connect(lambda p=proc: self._read_stdout(p))
+        proc.readyReadStandardError.connect(lambda p=proc: self._read_stderr(p))
+        proc.finished.connect(lambda code, status, p=proc: self._on_finished(p, code, status))
+        proc.errorOccurred.connect(lambda err, p=proc: self._on_error(p, err))
+        self._proc, self.info = proc, None
+        self._stderr.clear()
+        self._out = self._err = b""
+        self._started_at = time.monotonic()
+        proc.start(program, args)
+
+    def _read_stdout(self, proc: QProcess) -> None:
+        self._out += bytes(proc.readAllStandardOutput().data())
+        while b"\n" in self._out:
+            line, self._out = self._out.split(b"\n", 1)
+            try:
+                event = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if isinstance(event, dict) and event.get("event") == "ready" and proc is self._proc:
+                self._on_ready(event)
+
+    def _read_stderr(self, proc: QProcess) -> None:
+        self._err += bytes(proc.readAllStandardError().data())
+        while b"\n" in self._err:
+            raw, self._err = self._err.split(b"\n", 1)
+            line = raw.decode("utf-8", "replace").rstrip()
+            if proc is self._proc:
+                self._stderr.append(line)
+                self.log_line.emit(line)
+
+    def _on_ready(self, event: dict[str, object]) -> None:
+        token = None
+        token_file = event.get("admin_token_file")
+        if isinstance(token_file, str):
+            try:
+                token = Path(token_file).read_text(encoding="utf-8").strip()
+            except OSError:
+                token = None
+        model = event.get("model")
+        self.info = ReadyInfo(url=str(event.get("url")), pid=int(str(event.get("pid") or 0)),
+                              model=model if isinstance(model, str) else None,
+                              admin_token=token,
+                              started_s=time.monotonic() - self._started_at)
+        self._set_state("ready")
+        self.ready.emit(self.info)
+
+    def _on_error(self, proc: QProcess, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart and proc is self._proc:
+            self._proc = None
+            self._set_state("failed")
+            self.died.emit(Crash(-1, [proc.errorString()], "The worker program could not be "
+                                 f"started: {proc.errorString()}", restarting=False))
+
+    def _on_finished(self, proc: QProcess, code: int, status: QProcess.ExitStatus) -> None:
+        proc.deleteLater()
+        if proc is not self._proc:
+            return  # an old worker we stopped on purpose
+        self._read_stderr(proc)
+        if self._err:
+            self._stderr.append(self._err.decode("utf-8", "replace").rstrip())
+        self._proc, self.info = None, None
+        crashed = status == QProcess.ExitStatus.CrashExit
+        exit_code = -proc.exitCode() if crashed and os.name != "nt" else code
+        if crashed and exit_code == 0:
+            exit_code = -9
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
+        restarting = len(self._crashes) <= MAX_CRASHES
+        tail = list(self._stderr)
+        crash = Crash(exit_code, tail, diagnose(exit_code, crashed, tail), restarting)
+        self._set_state("restarting" if restarting else "failed")
+        self.died.emit(crash)
+        if restarting:
+            delay = BACKOFF_S[min(len(self._crashes) - 1, len(BACKOFF_S) - 1)]
+            self._restart.start(int(delay * 1000))
+
+    def _shutdown(self, proc: QProcess, wait_ms: int = 5000) -> None:
+        self._proc = None
+        proc.terminate()  # SIGTERM: the worker finishes in-flight requests and exits 0
+        if not proc.waitForFinished(wait_ms):
+            proc.kill()
+            proc.waitForFinished(1000)
+
+    def stop(self, wait_ms: int = 5000) -> None:
+        """Stop cleanly (SIGTERM, then kill after ``wait_ms``)."""
+        self._restart.stop()
+        if self._proc is not None:
+            self._shutdown(self._proc, wait_ms)
+        self.info = None
+        self._set_state("stopped")
