@@ -163,15 +163,37 @@ class WorkerProcess(QObject):
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
         proc.setProcessEnvironment(env)
-        proc.readyReadStandardOutput.connect(lambda p=proc: self._read_stdout(p))
-        proc.readyReadStandardError.connect(lambda p=proc: self._read_stderr(p))
-        proc.finished.connect(lambda code, status, p=proc: self._on_finished(p, code, status))
-        proc.errorOccurred.connect(lambda err, p=proc: self._on_error(p, err))
+        # bound methods, not lambdas with captured defaults: PySide6 mis-counts references
+        # of values passed through such lambdas (a crash at exit); the slots ask sender().
+        proc.readyReadStandardOutput.connect(self._stdout_ready)
+        proc.readyReadStandardError.connect(self._stderr_ready)
+        proc.finished.connect(self._finished)
+        proc.errorOccurred.connect(self._error)
         self._proc, self.info = proc, None
         self._stderr.clear()
         self._out = self._err = b""
         self._started_at = time.monotonic()
         proc.start(program, args)
+
+    def _sender(self) -> QProcess | None:
+        sender = self.sender()
+        return sender if isinstance(sender, QProcess) else None
+
+    def _stdout_ready(self) -> None:
+        if (proc := self._sender()) is not None:
+            self._read_stdout(proc)
+
+    def _stderr_ready(self) -> None:
+        if (proc := self._sender()) is not None:
+            self._read_stderr(proc)
+
+    def _finished(self, code: int, status: QProcess.ExitStatus) -> None:
+        if (proc := self._sender()) is not None:
+            self._on_finished(proc, code, status)
+
+    def _error(self, error: QProcess.ProcessError) -> None:
+        if (proc := self._sender()) is not None:
+            self._on_error(proc, error)
 
     def _read_stdout(self, proc: QProcess) -> None:
         self._out += bytes(proc.readAllStandardOutput().data())

@@ -1,0 +1,71 @@
+"""Build and run the app: window first (shown at once), then the worker and the model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from app.paths import AppPaths, resources_dir
+
+DEFAULT_MODEL = "default-coder"
+
+
+def default_model() -> Path | None:
+    """The small model shipped in resources/ (None when this install has none)."""
+    folder = resources_dir() / "models" / DEFAULT_MODEL
+    return folder if (folder / "genai_config.json").is_file() else None
+
+
+def choose_model(requested: str | None, last: str) -> str | None:
+    """The model to start with: asked for, else the last one loaded, else the default."""
+    if requested:
+        return requested
+    if last and Path(last).is_dir():
+        return last
+    fallback = default_model()
+    return str(fallback) if fallback else None
+
+
+def run_gui(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from app.context import AppContext
+    from app.views.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication)
+    app.setApplicationName("ONNX Local LLM")
+    app.setOrganizationName("onnx-local-llm")
+    icon = resources_dir() / "icons" / "app.png"
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    ctx = AppContext(AppPaths.default())
+    window = MainWindow(ctx)
+    window.show()
+    shown_ms = (time.perf_counter() - started) * 1000
+    if os.environ.get("ONNX_LOCAL_LLM_TIMING"):
+        print(f"window shown in {shown_ms:.0f} ms", file=sys.stderr, flush=True)
+
+    def start_backend() -> None:
+        from app.store import ChatStore
+
+        ctx.store = ChatStore(ctx.paths.chats_db)
+        window.view("chat")  # the chat view reads the store
+        remote = args.remote or ctx.settings.remote_url
+        if remote:
+            ctx.use_remote(remote, ctx.settings.api_key or None)
+            window.set_worker_state("remote")
+            return
+        ctx.start_local(choose_model(args.model, ctx.settings.last_model))
+        window.attach_worker()
+        if not ctx.settings.value("welcome/shown", False) and not args.no_welcome:
+            window.show_welcome()
+
+    QTimer.singleShot(0, start_backend)
+    return app.exec()

@@ -1,0 +1,312 @@
+"""The main window: a rail of views in the centre, the resources panel on the right, a
+banner for what went wrong (and what to do), and a status bar with the model, where it
+runs, the last answer's speed and the worker's state.
+
+Views are built on first show (the window appears at once; the chart library and the
+model library scan load only when asked for), except the chat, which is the first view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QStyle,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.context import AppContext
+from app.worker import Crash, ReadyInfo
+
+#: (key, label, icon, factory module path, class name)
+VIEWS: tuple[tuple[str, str, QStyle.StandardPixmap, str, str], ...] = (
+    ("chat", "Chat", QStyle.StandardPixmap.SP_FileDialogDetailedView, "app.views.chat_view",
+     "ChatView"),
+    ("code", "Code", QStyle.StandardPixmap.SP_FileIcon, "app.views.code_view", "CodeView"),
+    ("models", "Models", QStyle.StandardPixmap.SP_DriveHDIcon, "app.views.models_view",
+     "ModelsView"),
+    ("editors", "Editors", QStyle.StandardPixmap.SP_ComputerIcon, "app.views.editors_view",
+     "EditorSetupView"),
+    ("settings", "Settings", QStyle.StandardPixmap.SP_FileDialogContentsView,
+     "app.views.settings_view", "SettingsView"),
+)
+
+
+class Banner(QWidget):
+    """One line of news across the top: info, warning or error, with details on demand."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("banner")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        self.text = QLabel(objectName="bannerText")
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details_button = QPushButton("Details", objectName="bannerDetails")
+        self.details_button.setCheckable(True)
+        self.close_button = QPushButton("Dismiss", objectName="bannerDismiss")
+        layout.addWidget(self.text, 1)
+        layout.addWidget(self.details_button)
+        layout.addWidget(self.close_button)
+        self.details = QLabel(objectName="bannerDetailsText")
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setVisible(False)
+        self.details_button.toggled.connect(self.details.setVisible)
+        self.close_button.clicked.connect(self.hide)
+        self.level = ""
+        self.hide()
+
+    def show_message(self, level: str, text: str, details: str = "") -> None:
+        self.level = level
+        marks = {"error": "⚠", "warning": "⚠", "info": "ℹ"}
+        self.text.setText(f"{marks.get(level, '')} {text}".strip())
+        self.details.setText(details)
+        self.details_button.setVisible(bool(details))
+        self.details_button.setChecked(False)
+        self.setProperty("level", level)
+        self.setAutoFillBackground(True)
+        role = self.palette().ColorRole.AlternateBase if level == "info" else \
+            self.palette().ColorRole.ToolTipBase
+        palette = self.palette()
+        palette.setColor(self.backgroundRole(), palette.color(role))
+        self.setPalette(palette)
+        self.show()
+
+
+class MainWindow(QMainWindow):
+    view_created = Signal(str)
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.setWindowTitle("ONNX Local LLM")
+        self.setObjectName("mainWindow")
+        self.resize(1200, 780)
+        self.views: dict[str, QWidget] = {}
+        self._build_centre()
+        self._build_status_bar()
+        self._build_menus()
+        self.gauges_dock = QDockWidget("Resources", self, objectName="resourcesDock")
+        self.gauges_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.gauges_dock)
+        self.toggle_gauges.toggled.connect(self.gauges_dock.setVisible)
+        self.gauges_dock.visibilityChanged.connect(self.toggle_gauges.setChecked)
+        ctx.notice.connect(self.banner.show_message)
+        ctx.ready.connect(self._on_ready)
+        ctx.down.connect(self._on_down)
+        ctx.model_changed.connect(self._on_model)
+        ctx.busy.connect(self._on_busy)
+        self.show_view("chat")
+        QTimer.singleShot(0, self._build_gauges)  # after the first paint
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def _build_centre(self) -> None:
+        centre = QWidget(objectName="centre")
+        outer = QVBoxLayout(centre)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        self.banner = Banner()
+        outer.addWidget(self.banner)
+        row = QHBoxLayout()
+        row.setSpacing(0)
+        self.rail = QListWidget(objectName="rail")
+        self.rail.setIconSize(QSize(22, 22))
+        self.rail.setFixedWidth(96)
+        self.rail.setViewMode(QListWidget.ViewMode.IconMode)
+        self.rail.setMovement(QListWidget.Movement.Static)
+        self.rail.setFlow(QListWidget.Flow.TopToBottom)
+        self.rail.setSpacing(4)
+        self.stack = QStackedWidget(objectName="views")
+        for key, label, icon, _, _ in VIEWS:
+            item = QListWidgetItem(self.style().standardIcon(icon), label)
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            item.setSizeHint(QSize(88, 56))
+            item.setTextAlignment(Qt.AlignmentFlag.AlignHCenter)
+            self.rail.addItem(item)
+        self.rail.currentItemChanged.connect(
+            lambda item, _old: item and self.show_view(item.data(Qt.ItemDataRole.UserRole)))
+        row.addWidget(self.rail)
+        row.addWidget(self.stack, 1)
+        outer.addLayout(row, 1)
+        self.setCentralWidget(centre)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.model_label = QLabel("No model", objectName="statusModel")
+        self.device_label = QLabel("", objectName="statusDevice")
+        self.speed_label = QLabel("", objectName="statusSpeed")
+        self.state_label = QLabel("Worker: starting", objectName="statusWorker")
+        self.progress = QProgressBar(objectName="statusBusy")
+        self.progress.setRange(0, 0)  # indeterminate
+        self.progress.setMaximumWidth(120)
+        self.progress.setTextVisible(False)
+        for widget in (self.model_label, self.device_label, self.speed_label):
+            bar.addWidget(widget)
+        bar.addPermanentWidget(self.progress)
+        bar.addPermanentWidget(self.state_label)
+
+    def _build_menus(self) -> None:
+        menu = self.menuBar()
+        file_menu = menu.addMenu("&File")
+        self._action(file_menu, "New chat", "Ctrl+N", lambda: self._call("chat",
+                                                                        "new_conversation"))
+        self._action(file_menu, "Export chat as Markdown…", None,
+                     lambda: self._call("chat", "export", "markdown"))
+        self._action(file_menu, "Export chat as JSON…", None,
+                     lambda: self._call("chat", "export", "json"))
+        file_menu.addSeparator()
+        self._action(file_menu, "Quit", QKeySequence.StandardKey.Quit, self.close)
+        view_menu = menu.addMenu("&View")
+        for key, label, *_ in VIEWS:
+            self._action(view_menu, label, None, lambda k=key: self.show_view(k))
+        view_menu.addSeparator()
+        self.toggle_gauges = self._action(view_menu, "Resources panel", "Ctrl+R", None)
+        self.toggle_gauges.setCheckable(True)
+        self.toggle_gauges.setChecked(True)
+        help_menu = menu.addMenu("&Help")
+        self._action(help_menu, "Welcome", None, self.show_welcome)
+        self._action(self, "Focus input", "Ctrl+L", lambda: self._call("chat", "focus_input"))
+
+    def _action(self, owner: Any, text: str, shortcut: Any, slot: Callable[[], Any] | None
+                ) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if slot is not None:
+            action.triggered.connect(lambda _checked=False: slot())
+        owner.addAction(action)
+        return action
+
+    # --- views ----------------------------------------------------------------------------
+
+    def view(self, key: str) -> QWidget:
+        """The view ``key`` (built on first use)."""
+        if key not in self.views:
+            spec = next(v for v in VIEWS if v[0] == key)
+            widget = self._make(spec[3], spec[4])
+            widget.setObjectName(f"view_{key}")
+            self.views[key] = widget
+            self.stack.addWidget(widget)
+            self.view_created.emit(key)
+        return self.views[key]
+
+    def _make(self, module: str, name: str) -> QWidget:
+        import importlib
+
+        try:
+            cls = getattr(importlib.import_module(module), name)
+            widget: QWidget = cls(self.ctx)
+            return widget
+        except Exception as exc:  # a broken view must not take the window down
+            label = QLabel(f"This view could not be opened: {exc}")
+            label.setWordWrap(True)
+            label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            self.ctx.notice.emit("error", f"{name} failed to open: {exc}")
+            return label
+
+    def show_view(self, key: str) -> QWidget:
+        widget = self.view(key)
+        self.stack.setCurrentWidget(widget)
+        for row in range(self.rail.count()):
+            item = self.rail.item(row)
+            if item.data(Qt.ItemDataRole.UserRole) == key and self.rail.currentRow() != row:
+                self.rail.setCurrentRow(row)
+        return widget
+
+    def _call(self, key: str, method: str, *args: Any) -> None:
+        target = getattr(self.show_view(key), method, None)
+        if callable(target):
+            target(*args)
+
+    def _build_gauges(self) -> None:
+        if self.gauges_dock.widget() is None:
+            self.gauges_dock.setWidget(self._make("app.views.gauges", "GaugesPanel"))
+
+    def show_welcome(self) -> None:
+        from app.views.welcome import WelcomeDialog
+
+        WelcomeDialog(self.ctx, self).open()
+
+    # --- worker state ---------------------------------------------------------------------
+
+    def set_worker_state(self, state: str) -> None:
+        words = {"starting": "starting…", "ready": "ready", "restarting": "restarting…",
+                 "stopped": "stopped", "failed": "failed", "remote": "remote server"}
+        self.state_label.setText(f"Worker: {words.get(state, state)}")
+        self.progress.setVisible(state in ("starting", "restarting"))
+
+    def attach_worker(self) -> None:
+        worker = self.ctx.worker
+        if worker is None:
+            return
+        worker.state_changed.connect(self.set_worker_state)
+        worker.died.connect(self._on_crash)
+        self.set_worker_state(worker.state)
+
+    def _on_ready(self) -> None:
+        if self.banner.level == "error" and self.banner.isVisible():
+            self.banner.show_message("info", "The worker is running again. Your chats are "
+                                     "kept; send the next message when you like.")
+        if self.ctx.remote:
+            self.set_worker_state("remote")
+
+    def _on_down(self, reason: str) -> None:
+        self.model_label.setText("No model")
+
+    def _on_crash(self, crash: Crash) -> None:
+        then = "Restarting it…" if crash.restarting else (
+            "It keeps failing, so it was not restarted: fix the cause, then use Settings → "
+            "Restart worker.")
+        self.banner.show_message("error", f"{crash.diagnosis} {then}",
+                                 "\n".join(crash.stderr_tail[-12:]))
+
+    def _on_model(self, card: dict[str, Any] | None) -> None:
+        if card is None:
+            self.model_label.setText("No model")
+            self.device_label.setText("")
+            return
+        meta = card.get("meta") or {}
+        self.model_label.setText(f"Model: {card.get('id')}")
+        self.device_label.setText(f"Runs on: {device_words(meta.get('provider'))}")
+
+    def _on_busy(self, label: str) -> None:
+        self.progress.setVisible(bool(label))
+        if label:
+            self.statusBar().showMessage(label)
+        else:
+            self.statusBar().clearMessage()
+
+    def show_speed(self, tokens_per_s: float) -> None:
+        self.speed_label.setText(f"{tokens_per_s:.1f} tok/s")
+
+    def on_worker_ready(self, info: ReadyInfo) -> None:
+        self.statusBar().showMessage(f"Worker ready in {info.started_s:.1f} s", 4000)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.ctx.shutdown()
+        super().closeEvent(event)
+
+
+def device_words(provider: Any) -> str:
+    """The provider a model runs on, plainly."""
+    text = str(provider or "")
+    if "CUDA" in text:
+        return "GPU (CUDA)"
+    if "Dml" in text or "DirectML" in text:
+        return "GPU (DirectML)"
+    return "CPU"

@@ -1,0 +1,158 @@
+"""Settings: where the model runs, the worker's port and API key, a remote server, threads.
+
+Providers that this install cannot use are greyed out with the reason (the onnxruntime
+variant installed decides: read from package metadata, without importing onnxruntime).
+Applying restarts the worker with the new options; the loaded model is loaded again.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.context import AppContext
+
+PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",
+                   "cuda": "CUDA (NVIDIA GPU)", "dml": "DirectML (Windows GPU)"}
+
+
+def installed_runtime() -> str | None:
+    """Which onnxruntime package is installed (None: none)."""
+    for dist in ("onnxruntime-gpu", "onnxruntime-directml", "onnxruntime"):
+        try:
+            metadata.version(dist)
+            return dist
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def provider_availability() -> dict[str, str | None]:
+    """provider → None when usable, else why not."""
+    runtime = installed_runtime()
+    reasons: dict[str, str | None] = {"auto": None, "cpu": None}
+    reasons["cuda"] = None if runtime == "onnxruntime-gpu" else (
+        "needs the onnxruntime-gpu package (the 'cuda' extra) and an NVIDIA GPU")
+    reasons["dml"] = None if runtime == "onnxruntime-directml" else (
+        "needs Windows and the onnxruntime-directml package (the 'directml' extra)")
+    if runtime is None:
+        reasons["cpu"] = "no onnxruntime package is installed"
+    return reasons
+
+
+class SettingsView(QWidget):
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._worker_box())
+        layout.addWidget(self._remote_box())
+        layout.addWidget(self._paths_box())
+        buttons = QHBoxLayout()
+        self.apply_button = QPushButton("Apply and restart worker", objectName="applySettings")
+        self.restart_button = QPushButton("Restart worker", objectName="restartWorker")
+        self.result = QLabel("", objectName="settingsResult")
+        self.result.setWordWrap(True)
+        buttons.addWidget(self.apply_button)
+        buttons.addWidget(self.restart_button)
+        buttons.addStretch(1)
+        layout.addLayout(buttons)
+        layout.addWidget(self.result)
+        layout.addStretch(1)
+        self.apply_button.clicked.connect(self.apply)
+        self.restart_button.clicked.connect(self.restart)
+        self.load()
+
+    def _worker_box(self) -> QGroupBox:
+        box = QGroupBox("Local worker")
+        form = QFormLayout(box)
+        self.provider = QComboBox(objectName="provider")
+        availability = provider_availability()
+        model = self.provider.model()
+        for key, label in PROVIDER_LABELS.items():
+            reason = availability.get(key)
+            self.provider.addItem(label if reason is None else f"{label} — {reason}", key)
+            if reason is not None and isinstance(model, QStandardItemModel):
+                item = model.item(self.provider.count() - 1)
+                item.setEnabled(False)
+                item.setToolTip(reason)
+        self.port = QSpinBox(objectName="port")
+        self.port.setRange(0, 65535)
+        self.port.setSpecialValueText("any free port")
+        self.threads = QSpinBox(objectName="threads")
+        self.threads.setRange(0, 256)
+        self.threads.setSpecialValueText("automatic")
+        self.api_key = QLineEdit(objectName="apiKey")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.api_key.setPlaceholderText("none: only programs on this computer can connect")
+        form.addRow("Run models on", self.provider)
+        form.addRow("Port", self.port)
+        form.addRow("CPU threads", self.threads)
+        form.addRow("API key for editors", self.api_key)
+        return box
+
+    def _remote_box(self) -> QGroupBox:
+        box = QGroupBox("Remote server (instead of the local worker)")
+        form = QFormLayout(box)
+        self.remote_url = QLineEdit(objectName="remoteUrl")
+        self.remote_url.setPlaceholderText("e.g. http://192.168.1.20:8000 — empty: run "
+                                           "models on this computer")
+        form.addRow("OpenAI-compatible URL", self.remote_url)
+        return box
+
+    def _paths_box(self) -> QGroupBox:
+        box = QGroupBox("Where things live")
+        form = QFormLayout(box)
+        paths = self.ctx.paths
+        for label, path in (("Chats", paths.chats_db), ("Downloaded models", paths.models_dir),
+                            ("Settings", paths.config_dir / "settings.ini")):
+            value = QLabel(str(path))
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            form.addRow(label, value)
+        return box
+
+    def load(self) -> None:
+        s = self.ctx.settings
+        index = self.provider.findData(s.provider)
+        self.provider.setCurrentIndex(max(0, index))
+        self.port.setValue(s.port)
+        self.threads.setValue(s.threads)
+        self.api_key.setText(s.api_key)
+        self.remote_url.setText(s.remote_url)
+
+    def apply(self) -> None:
+        s = self.ctx.settings
+        url = self.remote_url.text().strip()
+        if url and not url.startswith(("http://", "https://")):
+            self.result.setText("The remote URL must start with http:// or https://.")
+            return
+        s.set_value("worker/provider", self.provider.currentData())
+        s.set_value("worker/port", self.port.value())
+        s.set_value("worker/threads", self.threads.value())
+        s.set_value("worker/api_key", self.api_key.text().strip())
+        s.set_value("worker/remote_url", url)
+        self.restart()
+
+    def restart(self) -> None:
+        s = self.ctx.settings
+        if s.remote_url:
+            self.ctx.use_remote(s.remote_url, s.api_key or None)
+            self.result.setText(f"Using the remote server at {s.remote_url}.")
+            return
+        model = self.ctx.worker.options.model if self.ctx.worker else None
+        self.ctx.start_local(model)
+        self.result.setText("Restarting the worker with the new settings…")

@@ -1,0 +1,85 @@
+"""The worker process: started, read ready, watched; a crash is explained and repaired."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from app.worker import WorkerOptions, WorkerProcess, command_for, diagnose
+from tests.app.conftest import TINY
+
+
+def test_worker_starts_reports_ready_and_stops_cleanly(qtbot, models_root, app_home):
+    worker = WorkerProcess()
+    states: list[str] = []
+    worker.state_changed.connect(states.append)
+    with qtbot.waitSignal(worker.ready, timeout=30_000) as ready:
+        worker.start(WorkerOptions(model=str(models_root / TINY),
+                                   admin_token_file=str(app_home / "token")))
+    info = ready.args[0]
+    assert info.url.startswith("http://127.0.0.1:")
+    assert info.model == TINY
+    assert info.admin_token and len(info.admin_token) > 16
+    pid = info.pid
+    worker.stop()
+    assert states == ["starting", "ready", "stopped"]
+    with qtbot.waitSignal(worker.died, timeout=500, raising=False) as died:
+        pass
+    assert not died.signal_triggered  # a requested stop is not a crash
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+
+
+def test_killed_worker_is_explained_and_back_within_3_s(qtbot, models_root, app_home):
+    worker = WorkerProcess()
+    with qtbot.waitSignal(worker.ready, timeout=30_000):
+        worker.start(WorkerOptions(model=str(models_root / TINY),
+                                   admin_token_file=str(app_home / "token")))
+    first = worker.pid
+    assert first is not None
+    killed_at = time.monotonic()
+    with qtbot.waitSignal(worker.died, timeout=10_000) as died:
+        os.kill(first, signal.SIGKILL)
+    crash = died.args[0]
+    assert crash.exit_code == -9
+    assert "killed" in crash.diagnosis
+    assert crash.restarting
+    with qtbot.waitSignal(worker.ready, timeout=10_000) as ready:
+        pass
+    assert time.monotonic() - killed_at < 3.0
+    assert ready.args[0].pid != first
+    assert ready.args[0].model == TINY  # the model came back with it
+    worker.stop()
+
+
+def test_a_worker_that_cannot_start_says_why_and_gives_up(qtbot, tmp_path, app_home):
+    worker = WorkerProcess()
+    crashes = []
+    worker.died.connect(crashes.append)
+    worker.start(WorkerOptions(model=str(tmp_path / "no-such-model"),
+                               admin_token_file=str(app_home / "token")))
+    qtbot.waitUntil(lambda: worker.state == "failed", timeout=60_000)
+    assert len(crashes) > 1  # restarted a few times first
+    assert "no-such-model" in crashes[-1].diagnosis or "error" in crashes[-1].diagnosis.lower()
+    assert not crashes[-1].restarting
+
+
+def test_diagnosis_words():
+    assert "out of memory" in diagnose(1, False, ["MemoryError"]).lower()
+    assert "gpu runtime" in diagnose(1, False, [
+        "libcudart.so.12: cannot open shared object file"]).lower()
+    assert "port" in diagnose(2, False, ["error: cannot listen on 127.0.0.1:80: Address "
+                                         "already in use"]).lower()
+
+
+def test_worker_command_is_python_m_engine_from_source():
+    program, args = command_for(WorkerOptions(model="/m", port=0))
+    assert program == sys.executable
+    assert args[:3] == ["-m", "engine", "serve"]
+    assert args[args.index("--model") + 1] == "/m"
