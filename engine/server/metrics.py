@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.engine import Engine
 from engine.limits import TIERS
@@ -152,6 +154,7 @@ class Metrics:
         self._completion_tokens = 0
         self._steps_after_cancel = 0
         self._jobs = 0
+        self._last: dict[str, Any] | None = None  # the last answer's speed
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         labels = (("route", route), ("method", method), ("status", str(status)))
@@ -171,6 +174,20 @@ class Metrics:
             self._completion_tokens += len(result.token_ids)
             if result.token_ids:
                 self._ttft.observe(result.timings.ttft_ms / 1e3)
+                t = result.timings
+                self._last = {"completion_tokens": len(result.token_ids),
+                              "prompt_tokens": result.prompt_tokens,
+                              "tokens_per_s": round(t.decode_tok_s, 2),
+                              "ttft_ms": round(t.ttft_ms, 3), "total_ms": round(t.total_ms, 3),
+                              "finished": round(time.time(), 3)}
+
+    def throughput(self) -> dict[str, Any]:
+        """The last answer's speed (None before one) and the running totals: what the
+        app's gauges show as tokens/s and time to first token."""
+        with self._lock:
+            return {"answers": sum(self._generations.values()),
+                    "completion_tokens_total": self._completion_tokens,
+                    "last": None if self._last is None else dict(self._last)}
 
     def observe_job(self, record: JobRecord) -> None:
         with self._lock:

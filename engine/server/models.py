@@ -229,18 +229,14 @@ class ModelManager:
             candidate = Path(name) if pure.is_absolute() else root / name
             try:
                 real = candidate.resolve()
-                found, exists = real.is_dir(), candidate.exists()
+                found = real.is_dir()
             except (OSError, ValueError) as exc:  # e.g. a name longer than the OS allows
                 raise ApiError(400, f"model: not a usable folder name ({exc.__class__.__name__})",
                                param="model", hint="name a folder from GET /v1/library"
                                ) from exc
             if real.is_relative_to(root) and found:
                 return real
-            if pure.is_absolute() and exists:
-                raise ApiError(403, f"model: {name} is outside the configured model folders",
-                               param="model", code="path_not_allowed",
-                               hint="put the model under --models-dir")
-        if pure.is_absolute():
+        if pure.is_absolute():  # under none of the roots (each was tried above)
             raise ApiError(403, f"model: {name} is outside the configured model folders",
                            param="model", code="path_not_allowed",
                            hint="put the model under --models-dir")

@@ -6,6 +6,8 @@
   reported first), between two tokens; if that takes longer than a moment (a model is
   loading, a long prompt chunk runs) the governor's last reported figures are sent with
   ``"fresh": false``. Without a model ``governor`` and ``kv`` are null (``state`` says why).
+  ``throughput``: the last answer's tokens/s and time to first token (``last``, null before
+  one) and the running totals (``answers``, ``completion_tokens_total``).
 - ``GET /v1/resources/stream``: the same as server-sent events, one every ``interval_s``
   (default 1 s) until the client leaves, or after ``max_events`` when given.
 - ``PUT /v1/limits`` (admin): ``{"host_ram": "50%"}``, ``{"vram": "2GiB"}`` or ``{"disk":
@@ -72,7 +74,8 @@ async def current_resources(ctx: ServerContext, wait_s: float = _FRESH_WAIT_S
     """The /v1/resources body (see the module docstring)."""
     model = ctx.models.current
     head = {"time": round(time.time(), 3), "state": ctx.models.state,
-            "model": model.id if model is not None else None}
+            "model": model.id if model is not None else None,
+            "throughput": ctx.metrics.throughput()}
     if model is None:
         return {**head, "fresh": False, "governor": None, "kv": None}
     engine, registry = model.engine, ctx.sessions

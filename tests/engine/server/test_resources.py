@@ -48,6 +48,22 @@ def test_resources_are_the_governor_snapshot_and_the_kv_figures(server):
     assert kv["sessions"]["max_named"] == 64 and kv["store"] is None
 
 
+def test_resources_report_the_last_answers_tokens_per_second_and_ttft(server):
+    with server.client() as http:
+        before = http.get("/v1/resources").json()["throughput"]
+        answer = http.post("/v1/completions", json={"prompt": "def add(a, b):",
+                                                    "max_tokens": 6, "temperature": 0})
+        assert answer.status_code == 200, answer.text
+        after = http.get("/v1/resources").json()["throughput"]
+    tokens = answer.json()["usage"]["completion_tokens"]
+    assert after["answers"] == before["answers"] + 1
+    assert after["completion_tokens_total"] == before["completion_tokens_total"] + tokens
+    last = after["last"]
+    assert last["completion_tokens"] == tokens and last["prompt_tokens"] > 0
+    assert last["tokens_per_s"] > 0 and 0 < last["ttft_ms"] <= last["total_ms"]
+    assert abs(last["finished"] - time.time()) < 60
+
+
 def test_the_stream_sends_an_event_about_every_interval_until_the_client_leaves(server):
     stamps, events = [], []
     with server.client() as http:

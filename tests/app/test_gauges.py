@@ -1,0 +1,214 @@
+"""The resources panel against real workers: live figures, the chart, the RAM limit slider
+and the feed surviving a worker restart."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.context import AppContext
+from app.paths import AppPaths
+from app.resources_feed import ResourcesFeed
+from app.views.gauge_bar import MIB, human
+from app.views.gauge_slider import describe_outcome
+from app.views.gauges import GaugesPanel
+from tests.app.conftest import SLOW, start_worker
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * UNITS[unit]
+
+
+def _get(url: str, path: str) -> Any:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        return http.get(path).json()
+
+
+class Worker:
+    """A worker of this test's own (``start_worker``), stopped at the end."""
+
+    def __init__(self, models_root: Path, home: Path, extra: list[str] | None = None) -> None:
+        self.proc, ready = start_worker(models_root / SLOW, [models_root], home, extra)
+        self.url: str = ready["url"]
+        self.port: int = ready["port"]
+        self.token: str = ready["admin_token"]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+def _own_ctx(qtbot, paths: AppPaths, worker: Worker) -> AppContext:
+    ctx = AppContext(paths)
+    ctx.client.configure(worker.url, None, worker.token)
+    with qtbot.waitSignal(ctx.model_changed, timeout=10_000):
+        ctx.refresh_model()
+    return ctx
+
+
+def _panel(qtbot, ctx: AppContext) -> GaugesPanel:
+    panel = GaugesPanel(ctx)
+    qtbot.addWidget(panel)
+    panel.resize(360, 900)
+    panel.show()
+    return panel
+
+
+def test_panel_shows_the_workers_ram_figures_and_says_it_runs_on_the_cpu(qtbot, ctx):
+    panel = _panel(qtbot, ctx)
+    qtbot.waitUntil(lambda: panel.feed.events >= 1, timeout=10_000)
+    truth = _get(ctx.client.base_url, "/v1/resources")["governor"]["host_ram"]
+    seen = panel.feed.events
+    qtbot.waitUntil(lambda: panel.feed.events > seen, timeout=5_000)  # one refresh later
+    shown = re.match(r"(\S+ \S+) used / (\S+ \S+) limit / (\S+ \S+) headroom",
+                     panel.ram.figures.text())
+    assert shown is not None, panel.ram.figures.text()
+    assert shown.group(2) == human(truth["limit"])
+    assert abs(_bytes(shown.group(1)) - truth["used"]) < 0.02 * truth["used"] + 4 * MIB
+    assert abs(_bytes(shown.group(3)) - truth["headroom"]) < 0.02 * truth["headroom"] + 4 * MIB
+    assert "weights" in panel.ram.legend.text() and "other programs" in panel.ram.legend.text()
+    assert f"{truth['weights_bytes']:,} bytes" in panel.ram.toolTip()
+    assert "Runs on: CPU" in panel.provider.text()
+    assert panel.vram.bar.message == "no GPU" and "CPU" in panel.vram.figures.text()
+    assert not panel.vram_limit.isVisible()  # no GPU: no VRAM slider
+    assert "held / room for" in panel.kv.figures.text()
+
+
+def test_chart_gets_points_over_time_and_the_last_answer_speed_shows(qtbot, ctx):
+    panel = _panel(qtbot, ctx)
+    qtbot.waitUntil(lambda: panel.chart.ram.count() >= 1, timeout=10_000)
+    stream = ctx.client.chat([{"role": "user", "content": "count to ten"}],
+                             {"max_tokens": 16, "temperature": 0})
+    with qtbot.waitSignal(stream.finished, timeout=30_000):
+        pass
+    qtbot.waitUntil(lambda: panel.chart.ram.count() >= 3 and panel.chart.tps.count() >= 1,
+                    timeout=10_000)
+    xs = [p.x() for p in panel.chart.ram.points()]
+    assert xs == sorted(xs) and xs[-1] <= 0 and xs[0] < xs[-1]  # seconds ago, in order
+    assert all(p.y() > 0 for p in panel.chart.ram.points())  # RAM in use is never zero
+    assert panel.feed.last is not None
+    last = panel.feed.last["throughput"]["last"]
+    assert last["tokens_per_s"] > 0 and panel.chart.tps.points()[-1].y() == pytest.approx(
+        last["tokens_per_s"])
+    text = panel.throughput.text()
+    assert f"{last['tokens_per_s']:.1f} tokens/s" in text and "first token after" in text
+
+
+def test_moving_the_ram_slider_sets_the_limit_frees_kv_and_is_saved(qtbot, paths, workers,
+                                                                    models_root, app_home):
+    worker = Worker(models_root, app_home)
+    workers.append(worker)
+    with httpx.Client(base_url=worker.url, timeout=60) as http:  # fill the prefix cache
+        for prompt in ("def f(x):\n" * 60, "import os\n" * 60):
+            assert http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}
+                             ).status_code == 200
+    ctx = _own_ctx(qtbot, paths, worker)
+    panel = _panel(qtbot, ctx)
+    ram = panel.ram_limit
+    qtbot.waitUntil(lambda: ram.slider.isEnabled(), timeout=10_000)
+    before = _get(worker.url, "/v1/resources")["governor"]["host_ram"]
+    assert ram.slider.maximum() == before["capacity"] // MIB  # the machine's RAM
+    assert ram.slider.minimum() * MIB >= before["weights_bytes"]  # what the weights need
+    low = ram.slider.minimum()
+
+    ram.slider.setValue(low)  # the debounced path: no release, ~300 ms later
+    qtbot.waitUntil(lambda: ram.outcome.text().startswith("RAM limit set"), timeout=10_000)
+    text = ram.outcome.text()
+    assert human(low * MIB) in text and "was auto" in text
+    assert re.search(r"freed \d.* (KiB|MiB): evicted \d+ cached pages", text), text
+    assert _get(worker.url, "/v1/resources")["governor"]["host_ram"]["limit"] == low * MIB
+    assert ctx.settings.host_ram_limit == str(low * MIB)  # the next worker starts with it
+    qtbot.waitUntil(lambda: human(low * MIB) + " limit" in panel.ram.figures.text(),
+                    timeout=5_000)
+
+    high = ram.slider.maximum()  # back up, by dragging and releasing
+    ram.slider.setSliderDown(True)
+    ram.slider.setValue(high)
+    ram.slider.setSliderDown(False)  # sliderReleased: sent at once
+    qtbot.waitUntil(lambda: ram.outcome.text().startswith(f"RAM limit set to {human(high * MIB)}"),
+                    timeout=10_000)
+    assert "nothing had to be freed" in ram.outcome.text()
+    assert _get(worker.url, "/v1/resources")["governor"]["host_ram"]["limit"] == high * MIB
+    assert ctx.settings.host_ram_limit == str(high * MIB)
+
+
+def test_a_refused_limit_change_is_shown_in_words(qtbot, paths, workers, models_root,
+                                                  app_home):
+    worker = Worker(models_root, app_home)
+    workers.append(worker)
+    ctx = _own_ctx(qtbot, paths, worker)
+    panel = _panel(qtbot, ctx)
+    ram = panel.ram_limit
+    qtbot.waitUntil(lambda: ram.slider.isEnabled(), timeout=10_000)
+    ctx.client.configure(worker.url, None, "not-the-admin-token")
+    ram.slider.setValue(ram.slider.minimum())
+    qtbot.waitUntil(lambda: "not changed" in ram.outcome.text(), timeout=10_000)
+    assert "Traceback" not in ram.outcome.text()
+    assert ctx.settings.host_ram_limit == "auto"  # nothing saved
+
+
+def test_outcome_sentences_say_what_was_done():
+    change = {"tier": "host_ram", "previous": "8GiB", "configured": "2GiB",
+              "limit_bytes": 2 << 30, "clamped": False, "used_bytes": 3 << 30,
+              "excess_bytes": 1 << 30, "note": "weights and overhead alone exceed it"}
+    text = describe_outcome({"change": change, "bytes_freed": 1288490189, "pages_evicted": 310,
+                             "sessions_spilled": 2, "requests_preempted": 0,
+                             "still_over": True})
+    assert text.startswith("RAM limit set to 2.00 GiB, was 8GiB; freed 1.20 GiB: evicted 310 "
+                           "cached pages, released the KV of 2 idle chats")
+    assert "Still over the limit (weights and overhead alone exceed it)" in text
+
+
+def test_the_feed_comes_back_after_the_worker_restarts(qtbot, paths, workers, models_root,
+                                                       app_home):
+    first = Worker(models_root, app_home)
+    workers.append(first)
+    ctx = AppContext(paths)
+    ctx.client.configure(first.url, None, first.token)
+    feed = ResourcesFeed(ctx, interval_s=0.2)
+    qtbot.waitUntil(lambda: feed.state == "live", timeout=10_000)
+
+    first.kill()  # the app notices (ctx.down), a new worker starts on another port
+    ctx.down.emit("The worker was killed.")
+    assert feed.state == "down"
+    second = Worker(models_root, app_home)
+    workers.append(second)
+    count = feed.events
+    qtbot.wait(300)
+    assert feed.events == count  # down: no retrying until the worker is ready again
+    ctx.client.configure(second.url, None, second.token)
+    ctx.ready.emit()
+    qtbot.waitUntil(lambda: feed.events > count and feed.state == "live", timeout=10_000)
+
+    second.kill()  # a dropped stream without ctx.down: back-off, then the same address again
+    qtbot.waitUntil(lambda: feed.state == "retrying", timeout=10_000)
+    workers.append(Worker(models_root, app_home, ["--port", str(second.port)]))
+    count = feed.events
+    qtbot.waitUntil(lambda: feed.events > count and feed.state == "live", timeout=20_000)
+    assert feed.last is not None and feed.last["model"] == "qwen-coder-slow-coder"
+    feed.stop()
