@@ -191,6 +191,42 @@ class SseStream(_ReplyBase):
         self.finished.emit()
 
 
+class NdjsonStream(SseStream):
+    """Newline-delimited JSON (Ollama's streams): one ``message(dict)`` per line,
+    ``finished()`` after a line with ``"done": true`` or a clean end; a line with an
+    ``error`` is ``failed``."""
+
+    def _on_ready_read(self) -> None:
+        if self._aborted or self._done:
+            return
+        chunk = bytes(self._reply.readAll().data())
+        if self._status() >= 400:
+            self._error_body += chunk
+            return
+        self._buffer += chunk
+        if self._reply.isFinished() and self._buffer and not self._buffer.endswith(b"\n"):
+            self._buffer += b"\n"
+        while b"\n" in self._buffer and not self._done:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._dispatch_line(line)
+
+    def _dispatch_line(self, line: bytes) -> None:
+        try:
+            payload = json.loads(line.decode("utf-8")) if line.strip() else None
+        except (UnicodeDecodeError, ValueError):
+            return  # a line we cannot read is skipped, not fatal
+        if not isinstance(payload, dict):
+            return
+        if payload.get("error"):
+            self._done = True
+            self.failed.emit(failure_from(500, line))
+            return
+        self.message.emit(payload)
+        if payload.get("done") is True:
+            self._done = True
+            self.finished.emit()
+
+
 @dataclass(frozen=True)
 class ChatOutcome:
     text: str
@@ -300,6 +336,12 @@ class WorkerClient(QObject):
         request = self._request(path, admin, {"Accept": "text/event-stream", **(headers or {})},
                                 0)
         return SseStream(self._send(method, request, body), self)
+
+    def lines(self, method: str, path: str, body: Any = None, *,
+              headers: dict[str, str] | None = None) -> NdjsonStream:
+        """A newline-delimited JSON stream (Ollama's dialect)."""
+        request = self._request(path, False, headers, 0)
+        return NdjsonStream(self._send(method, request, body), self)
 
     def chat(self, messages: list[dict[str, str]], options: dict[str, Any] | None = None, *,
              session_id: str | None = None, model: str = "") -> ChatStream:

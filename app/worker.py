@@ -20,11 +20,12 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-#: Back-off before restart number n (seconds); the first restart is at once.
+#: Back-off before a restart after n failed starts in a row (seconds): a worker that was
+#: serving is restarted at once.
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
-#: More crashes than this within CRASH_WINDOW_S: stop restarting.
-MAX_CRASHES = 5
-CRASH_WINDOW_S = 60.0
+#: A worker that dies this many times in a row before its ready line (a bad model, a taken
+#: port) is not started again until the user asks.
+MAX_START_FAILURES = 5
 STDERR_LINES = 40
 
 
@@ -129,7 +130,7 @@ class WorkerProcess(QObject):
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._out = b""
         self._err = b""
-        self._crashes: list[float] = []
+        self._start_failures = 0
         self._started_at = 0.0
         self._restart = QTimer(self)
         self._restart.setSingleShot(True)
@@ -147,7 +148,7 @@ class WorkerProcess(QObject):
     def start(self, options: WorkerOptions) -> None:
         """Start (or restart with new options)."""
         self.options = options
-        self._crashes.clear()
+        self._start_failures = 0
         if self._proc is not None:
             self._shutdown(self._proc)
         self._set_state("starting")
@@ -224,6 +225,7 @@ class WorkerProcess(QObject):
             except OSError:
                 token = None
         model = event.get("model")
+        self._start_failures = 0
         self.info = ReadyInfo(url=str(event.get("url")), pid=int(str(event.get("pid") or 0)),
                               model=model if isinstance(model, str) else None,
                               admin_token=token,
@@ -245,20 +247,21 @@ class WorkerProcess(QObject):
         self._read_stderr(proc)
         if self._err:
             self._stderr.append(self._err.decode("utf-8", "replace").rstrip())
+        was_ready = self.info is not None
         self._proc, self.info = None, None
         crashed = status == QProcess.ExitStatus.CrashExit
         exit_code = -proc.exitCode() if crashed and os.name != "nt" else code
         if crashed and exit_code == 0:
             exit_code = -9
-        now = time.monotonic()
-        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
-        restarting = len(self._crashes) <= MAX_CRASHES
+        if not was_ready:
+            self._start_failures += 1
+        restarting = self._start_failures < MAX_START_FAILURES
         tail = list(self._stderr)
         crash = Crash(exit_code, tail, diagnose(exit_code, crashed, tail), restarting)
         self._set_state("restarting" if restarting else "failed")
         self.died.emit(crash)
         if restarting:
-            delay = BACKOFF_S[min(len(self._crashes) - 1, len(BACKOFF_S) - 1)]
+            delay = BACKOFF_S[min(self._start_failures, len(BACKOFF_S) - 1)]
             self._restart.start(int(delay * 1000))
 
     def _shutdown(self, proc: QProcess, wait_ms: int = 5000) -> None:

@@ -8,6 +8,7 @@ model library scan load only when asked for), except the chat, which is the firs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.context import AppContext
+from app.views import named
 from app.worker import Crash, ReadyInfo
 
 #: (key, label, icon, factory module path, class name)
@@ -53,16 +55,16 @@ class Banner(QWidget):
         self.setObjectName("banner")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
-        self.text = QLabel(objectName="bannerText")
+        self.text = named(QLabel(), "bannerText")
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.details_button = QPushButton("Details", objectName="bannerDetails")
+        self.details_button = named(QPushButton("Details"), "bannerDetails")
         self.details_button.setCheckable(True)
-        self.close_button = QPushButton("Dismiss", objectName="bannerDismiss")
+        self.close_button = named(QPushButton("Dismiss"), "bannerDismiss")
         layout.addWidget(self.text, 1)
         layout.addWidget(self.details_button)
         layout.addWidget(self.close_button)
-        self.details = QLabel(objectName="bannerDetailsText")
+        self.details = named(QLabel(), "bannerDetailsText")
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(False)
         self.details_button.toggled.connect(self.details.setVisible)
@@ -100,7 +102,7 @@ class MainWindow(QMainWindow):
         self._build_centre()
         self._build_status_bar()
         self._build_menus()
-        self.gauges_dock = QDockWidget("Resources", self, objectName="resourcesDock")
+        self.gauges_dock = named(QDockWidget("Resources", self), "resourcesDock")
         self.gauges_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.gauges_dock)
         self.toggle_gauges.toggled.connect(self.gauges_dock.setVisible)
@@ -116,7 +118,7 @@ class MainWindow(QMainWindow):
     # --- layout ---------------------------------------------------------------------------
 
     def _build_centre(self) -> None:
-        centre = QWidget(objectName="centre")
+        centre = named(QWidget(), "centre")
         outer = QVBoxLayout(centre)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(0)
@@ -124,14 +126,14 @@ class MainWindow(QMainWindow):
         outer.addWidget(self.banner)
         row = QHBoxLayout()
         row.setSpacing(0)
-        self.rail = QListWidget(objectName="rail")
+        self.rail = named(QListWidget(), "rail")
         self.rail.setIconSize(QSize(22, 22))
         self.rail.setFixedWidth(96)
         self.rail.setViewMode(QListWidget.ViewMode.IconMode)
         self.rail.setMovement(QListWidget.Movement.Static)
         self.rail.setFlow(QListWidget.Flow.TopToBottom)
         self.rail.setSpacing(4)
-        self.stack = QStackedWidget(objectName="views")
+        self.stack = named(QStackedWidget(), "views")
         for key, label, icon, _, _ in VIEWS:
             item = QListWidgetItem(self.style().standardIcon(icon), label)
             item.setData(Qt.ItemDataRole.UserRole, key)
@@ -147,11 +149,11 @@ class MainWindow(QMainWindow):
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
-        self.model_label = QLabel("No model", objectName="statusModel")
-        self.device_label = QLabel("", objectName="statusDevice")
-        self.speed_label = QLabel("", objectName="statusSpeed")
-        self.state_label = QLabel("Worker: starting", objectName="statusWorker")
-        self.progress = QProgressBar(objectName="statusBusy")
+        self.model_label = named(QLabel("No model"), "statusModel")
+        self.device_label = named(QLabel(""), "statusDevice")
+        self.speed_label = named(QLabel(""), "statusSpeed")
+        self.state_label = named(QLabel("Worker: starting"), "statusWorker")
+        self.progress = named(QProgressBar(), "statusBusy")
         self.progress.setRange(0, 0)  # indeterminate
         self.progress.setMaximumWidth(120)
         self.progress.setTextVisible(False)
@@ -173,7 +175,7 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "Quit", QKeySequence.StandardKey.Quit, self.close)
         view_menu = menu.addMenu("&View")
         for key, label, *_ in VIEWS:
-            self._action(view_menu, label, None, lambda k=key: self.show_view(k))
+            self._action(view_menu, label, None, functools.partial(self.show_view, key))
         view_menu.addSeparator()
         self.toggle_gauges = self._action(view_menu, "Resources panel", "Ctrl+R", None)
         self.toggle_gauges.setCheckable(True)

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.context import AppContext
+from app.views import named
 
 PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",
                    "cuda": "CUDA (NVIDIA GPU)", "dml": "DirectML (Windows GPU)"}
@@ -63,9 +64,9 @@ class SettingsView(QWidget):
         layout.addWidget(self._remote_box())
         layout.addWidget(self._paths_box())
         buttons = QHBoxLayout()
-        self.apply_button = QPushButton("Apply and restart worker", objectName="applySettings")
-        self.restart_button = QPushButton("Restart worker", objectName="restartWorker")
-        self.result = QLabel("", objectName="settingsResult")
+        self.apply_button = named(QPushButton("Apply and restart worker"), "applySettings")
+        self.restart_button = named(QPushButton("Restart worker"), "restartWorker")
+        self.result = named(QLabel(""), "settingsResult")
         self.result.setWordWrap(True)
         buttons.addWidget(self.apply_button)
         buttons.addWidget(self.restart_button)
@@ -80,7 +81,7 @@ class SettingsView(QWidget):
     def _worker_box(self) -> QGroupBox:
         box = QGroupBox("Local worker")
         form = QFormLayout(box)
-        self.provider = QComboBox(objectName="provider")
+        self.provider = named(QComboBox(), "provider")
         availability = provider_availability()
         model = self.provider.model()
         for key, label in PROVIDER_LABELS.items():
@@ -90,13 +91,13 @@ class SettingsView(QWidget):
                 item = model.item(self.provider.count() - 1)
                 item.setEnabled(False)
                 item.setToolTip(reason)
-        self.port = QSpinBox(objectName="port")
+        self.port = named(QSpinBox(), "port")
         self.port.setRange(0, 65535)
         self.port.setSpecialValueText("any free port")
-        self.threads = QSpinBox(objectName="threads")
+        self.threads = named(QSpinBox(), "threads")
         self.threads.setRange(0, 256)
         self.threads.setSpecialValueText("automatic")
-        self.api_key = QLineEdit(objectName="apiKey")
+        self.api_key = named(QLineEdit(), "apiKey")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.api_key.setPlaceholderText("none: only programs on this computer can connect")
         form.addRow("Run models on", self.provider)
@@ -108,7 +109,7 @@ class SettingsView(QWidget):
     def _remote_box(self) -> QGroupBox:
         box = QGroupBox("Remote server (instead of the local worker)")
         form = QFormLayout(box)
-        self.remote_url = QLineEdit(objectName="remoteUrl")
+        self.remote_url = named(QLineEdit(), "remoteUrl")
         self.remote_url.setPlaceholderText("e.g. http://192.168.1.20:8000 — empty: run "
                                            "models on this computer")
         form.addRow("OpenAI-compatible URL", self.remote_url)

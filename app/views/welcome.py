@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
 
 from app.context import AppContext
+from app.views import named
 
 
 def welcome_html(ctx: AppContext) -> str:
@@ -37,7 +38,7 @@ class WelcomeDialog(QDialog):
         self.setWindowTitle("Welcome")
         self.ctx = ctx
         layout = QVBoxLayout(self)
-        self.text = QLabel(welcome_html(ctx), objectName="welcomeText")
+        self.text = named(QLabel(welcome_html(ctx)), "welcomeText")
         self.text.setWordWrap(True)
         self.text.setTextFormat(Qt.TextFormat.RichText)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

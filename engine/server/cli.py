@@ -14,6 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="model folder to load at start")
     source.add_argument("--models-dir", type=Path, action="append", default=[],
                         help="folder of model folders the API may list and load (repeatable)")
+    source.add_argument("--no-default-model", action="store_true",
+                        help="start with no model when neither --model nor --models-dir is "
+                        "given (default: the small built-in model, when installed)")
     net = parser.add_argument_group("network and security")
     net.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others are reachable from the "

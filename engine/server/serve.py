@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 
 from engine.config import EngineConfig, KVStoreConfig
+from engine.default_model import default_model_dir
 from engine.errors import EngineError
 from engine.server.app import build_context, create_app
 from engine.server.config import ServerConfig
@@ -41,8 +42,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
                           host_ram_limit=args.host_ram_limit, spin_duration_us=0,
                           kv_store=store)
+    model = args.model
+    if model is None and not args.models_dir and not args.no_default_model:
+        model = default_model_dir()  # a fresh install answers at once (None: not installed)
     return ServerConfig(
-        host=args.host, port=args.port, model=args.model, models_dirs=tuple(args.models_dir),
+        host=args.host, port=args.port, model=model, models_dirs=tuple(args.models_dir),
         api_key=args.api_key, admin_token=token, admin_token_file=token_file,
         cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,

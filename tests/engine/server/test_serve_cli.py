@@ -82,3 +82,18 @@ def test_errors_at_start_come_before_the_ready_line(tmp_path: Path, slow_model_d
     assert "error:" in err and "fix:" in err and "Traceback" not in err
     assert ("vram_limit" in err) == (problem == "bad limit")
     assert (tmp_path / "config" / "onnx-local-llm" / "admin-token").is_file()
+
+
+def test_without_a_model_the_built_in_one_is_served_unless_refused(tmp_path):
+    from engine.default_model import default_model_dir
+
+    shipped = default_model_dir()
+    args = ("--admin-token-file", str(tmp_path / "token"))
+    for extra, expected in ((("--no-default-model",), None),
+                            ((), shipped.name if shipped else None)):
+        proc = _start(*args, *extra)
+        try:
+            assert _ready(proc)["model"] == expected
+        finally:
+            proc.terminate()
+            proc.wait(15)

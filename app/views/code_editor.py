@@ -1,0 +1,226 @@
+"""The code pane's editor: monospace text, a line-number gutter, Python colours, and a
+suggestion shown as grey "ghost" text at the cursor (Tab takes it, Esc drops it).
+
+The ghost text is painted over the viewport, never put in the document: undo, the text and
+the cursor stay the user's. The first line of a suggestion sits after the cursor (the rest
+of that line moves right of it); further lines are drawn over the lines below, on the
+editor's own background, until the suggestion is taken or dropped.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtGui import (
+    QFontDatabase,
+    QKeyEvent,
+    QPainter,
+    QPaintEvent,
+    QPalette,
+    QResizeEvent,
+    QTextFormat,
+)
+from PySide6.QtWidgets import QPlainTextEdit, QTextEdit, QWidget
+
+from app.views.code_highlight import PythonHighlighter
+
+TAB_WIDTH = 4
+
+
+class LineNumbers(QWidget):
+    """The gutter left of the text: one number per line, the current one in full text
+    colour, the others in the palette's placeholder grey."""
+
+    def __init__(self, editor: CodeEditor) -> None:
+        super().__init__(editor)
+        self.setObjectName("codeLineNumbers")
+        self._editor = editor
+
+    def sizeHint(self) -> QSize:
+        return QSize(self._editor.gutter_width(), 0)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        editor = self._editor
+        painter = QPainter(self)
+        palette = self.palette()
+        painter.fillRect(event.rect(), palette.color(QPalette.ColorRole.AlternateBase))
+        block = editor.firstVisibleBlock()
+        current = editor.textCursor().blockNumber()
+        top = round(editor.blockBoundingGeometry(block).translated(
+            editor.contentOffset()).top())
+        height = editor.fontMetrics().height()
+        while block.isValid() and top <= event.rect().bottom():
+            bottom = top + round(editor.blockBoundingRect(block).height())
+            if block.isVisible() and bottom >= event.rect().top():
+                number = block.blockNumber()
+                role = (QPalette.ColorRole.Text if number == current
+                        else QPalette.ColorRole.PlaceholderText)
+                painter.setPen(palette.color(role))
+                painter.drawText(0, top, self.width() - 6, height,
+                                 Qt.AlignmentFlag.AlignRight, str(number + 1))
+            block = block.next()
+            top = bottom
+        painter.end()
+
+
+class CodeEditor(QPlainTextEdit):
+    """A plain-text editor for code with a ghost-text suggestion.
+
+    ``set_ghost(text)`` shows ``text`` at the cursor; it goes away when the text changes,
+    the cursor moves, Esc is pressed (``dismissed``) or Tab takes it (``accepted(str)``).
+    """
+
+    accepted = Signal(str)
+    dismissed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("codeEditor")
+        self.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.setTabStopDistance(self.fontMetrics().horizontalAdvance(" ") * TAB_WIDTH)
+        self._ghost = ""
+        self._ghost_at = -1
+        self.highlighter = PythonHighlighter(self.document(), self.palette())
+        self.gutter = LineNumbers(self)
+        self.blockCountChanged.connect(self._fit_gutter)
+        self.updateRequest.connect(self._scroll_gutter)
+        self.cursorPositionChanged.connect(self._on_cursor_moved)
+        self.document().contentsChanged.connect(self.clear_ghost)
+        self._fit_gutter()
+        self._on_cursor_moved()
+
+    # --- the suggestion -------------------------------------------------------------------
+
+    @property
+    def ghost(self) -> str:
+        return self._ghost
+
+    def set_ghost(self, text: str) -> None:
+        """Show ``text`` as a suggestion at the cursor ("" hides it)."""
+        self._ghost = text
+        self._ghost_at = self.textCursor().position() if text else -1
+        self.viewport().update()
+
+    def clear_ghost(self) -> None:
+        if self._ghost:
+            self.set_ghost("")
+
+    def accept_ghost(self) -> bool:
+        """Insert the suggestion at the cursor; False when there was none."""
+        text = self._ghost
+        if not text:
+            return False
+        self.clear_ghost()
+        cursor = self.textCursor()
+        cursor.insertText(text)
+        self.setTextCursor(cursor)
+        self.accepted.emit(text)
+        return True
+
+    def dismiss_ghost(self) -> bool:
+        if not self._ghost:
+            return False
+        self.clear_ghost()
+        self.dismissed.emit()
+        return True
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def event(self, event: QEvent) -> bool:
+        # Tab and Esc belong to the suggestion while one shows (not to window shortcuts
+        # such as "Esc stops the answer").
+        if (event.type() == QEvent.Type.ShortcutOverride and self._ghost
+                and isinstance(event, QKeyEvent)
+                and event.key() in (Qt.Key.Key_Tab, Qt.Key.Key_Escape)):
+            event.accept()
+            return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        plain = event.modifiers() in (Qt.KeyboardModifier.NoModifier,
+                                      Qt.KeyboardModifier.KeypadModifier)
+        if event.key() == Qt.Key.Key_Tab and plain:
+            if not self.accept_ghost():
+                self.insertPlainText(" " * TAB_WIDTH)
+            return
+        if event.key() == Qt.Key.Key_Escape and self.dismiss_ghost():
+            return
+        super().keyPressEvent(event)
+
+    # --- painting ---------------------------------------------------------------------------
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if self._ghost and self._ghost_at == self.textCursor().position():
+            self._paint_ghost()
+
+    def _paint_ghost(self) -> None:
+        painter = QPainter(self.viewport())
+        painter.setFont(self.font())
+        palette = self.palette()
+        base = palette.color(QPalette.ColorRole.Base)
+        grey = palette.color(QPalette.ColorRole.PlaceholderText)
+        metrics = self.fontMetrics()
+        tabs = " " * TAB_WIDTH
+        lines = self._ghost.replace("\t", tabs).split("\n")
+        caret = self.cursorRect()
+        height = caret.height()
+        cursor = self.textCursor()
+        rest = cursor.block().text()[cursor.positionInBlock():].replace("\t", tabs)
+        x, y = caret.left() + 1, caret.top()
+        first = metrics.horizontalAdvance(lines[0])
+        line_colour = palette.color(QPalette.ColorRole.AlternateBase)  # the current line
+        painter.fillRect(QRect(x, y, first + metrics.horizontalAdvance(rest) + 2, height),
+                         line_colour)
+        painter.setPen(grey)
+        painter.drawText(QPoint(x, y + metrics.ascent()), lines[0])
+        if rest:
+            painter.setPen(palette.color(QPalette.ColorRole.Text))
+            painter.drawText(QPoint(x + first, y + metrics.ascent()), rest)
+        left = round(self.contentOffset().x() + self.document().documentMargin())
+        painter.setPen(grey)
+        for line in lines[1:]:
+            y += height
+            painter.fillRect(QRect(0, y, self.viewport().width(), height), base)
+            painter.drawText(QPoint(left, y + metrics.ascent()), line)
+        painter.end()
+
+    # --- gutter and current line ------------------------------------------------------------
+
+    def gutter_width(self) -> int:
+        digits = len(str(max(1, self.blockCount())))
+        return 12 + self.fontMetrics().horizontalAdvance("9") * max(digits, 2)
+
+    def _fit_gutter(self) -> None:
+        self.setViewportMargins(self.gutter_width(), 0, 0, 0)
+
+    def _scroll_gutter(self, rect: QRect, dy: int) -> None:
+        if dy:
+            self.gutter.scroll(0, dy)
+        else:
+            self.gutter.update(0, rect.y(), self.gutter.width(), rect.height())
+        if rect.contains(self.viewport().rect()):
+            self._fit_gutter()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        inner = self.contentsRect()
+        self.gutter.setGeometry(QRect(inner.left(), inner.top(), self.gutter_width(),
+                                      inner.height()))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self.highlighter.set_palette(self.palette())
+            self._on_cursor_moved()
+
+    def _on_cursor_moved(self) -> None:
+        if self._ghost and self.textCursor().position() != self._ghost_at:
+            self.clear_ghost()
+        selection = QTextEdit.ExtraSelection()
+        selection.format.setBackground(self.palette().color(QPalette.ColorRole.AlternateBase))
+        selection.format.setProperty(QTextFormat.Property.FullWidthSelection, True)
+        selection.cursor = self.textCursor()
+        selection.cursor.clearSelection()
+        self.setExtraSelections([selection])
+        self.gutter.update()

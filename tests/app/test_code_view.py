@@ -1,0 +1,134 @@
+"""The code pane against a real worker: ghost text appears after typing, Tab inserts it at
+the cursor, Esc drops it, newer requests win, and failures read as words."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QTextCursor
+
+from app.context import AppContext
+from app.paths import AppPaths
+from app.views.code_view import CodeView, fim_context
+from tests.app.conftest import start_worker
+
+
+def make_view(qtbot, ctx: AppContext, *, debounce_ms: int = 30,
+              n_predict: int = 16) -> CodeView:
+    view = CodeView(ctx)
+    qtbot.addWidget(view)
+    view.debounce_ms = debounce_ms
+    view.n_predict = n_predict
+    view.resize(700, 400)
+    view.show()
+    view.editor.setFocus()
+    return view
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def test_typing_shows_a_suggestion_and_tab_inserts_it_at_the_cursor(qtbot, ctx):
+    view = make_view(qtbot, ctx)
+    with qtbot.waitSignal(view.suggestion_shown, timeout=30_000) as shown:
+        qtbot.keyClicks(view.editor, "math.pi")
+    suggestion = shown.args[0]
+    assert suggestion and view.suggestion == suggestion
+    assert re.search(r"\d+ ms · \d+ tokens?", view.status.text()), view.status.text()
+    assert view.last_latency_ms is not None and view.last_latency_ms > 0
+
+    # put the cursor mid-text: the suggestion must land exactly there
+    text_before = view.editor.toPlainText()
+    pos = view.editor.textCursor().position()
+    cursor = view.editor.textCursor()
+    cursor.setPosition(pos - 3)
+    view.editor.setTextCursor(cursor)
+    assert view.suggestion == ""  # moving the cursor drops it
+    with qtbot.waitSignal(view.suggestion_shown, timeout=30_000) as shown:
+        view.request_now()
+    suggestion = shown.args[0]
+    at = view.editor.textCursor().position()
+    qtbot.keyClick(view.editor, Qt.Key.Key_Tab)
+    head = text_before[:len(text_before) - 3]
+    assert view.editor.toPlainText() == head + suggestion + text_before[len(head):]
+    assert view.editor.textCursor().position() == at + utf16_len(suggestion)
+    assert view.suggestion == ""
+
+
+def test_escape_dismisses_the_ghost_text_and_leaves_the_text(qtbot, ctx):
+    view = make_view(qtbot, ctx)
+    with qtbot.waitSignal(view.suggestion_shown, timeout=30_000):
+        qtbot.keyClicks(view.editor, "2 *")
+    text = view.editor.toPlainText()
+    with_ghost = view.editor.viewport().grab().toImage()
+    qtbot.keyClick(view.editor, Qt.Key.Key_Escape)
+    assert view.suggestion == ""
+    assert view.editor.toPlainText() == text
+    without = view.editor.viewport().grab().toImage()
+    assert with_ghost != without  # the grey text was painted, and is gone
+    qtbot.keyClick(view.editor, Qt.Key.Key_Tab)  # no suggestion: Tab indents
+    assert view.editor.toPlainText() == text + "    "
+
+
+def test_typing_during_a_request_aborts_it_and_only_the_newest_answer_shows(qtbot, ctx):
+    view = make_view(qtbot, ctx, debounce_ms=60_000, n_predict=400)  # ~3 s: surely in flight
+    shown: list[str] = []
+    view.suggestion_shown.connect(shown.append)
+    view.request_now()
+    assert view.in_flight and view.requests_sent == 1
+    qtbot.keyClicks(view.editor, "x")
+    assert view.requests_aborted == 1 and not view.in_flight
+    view.n_predict = 16
+    with qtbot.waitSignal(view.suggestion_shown, timeout=30_000):
+        view.request_now()
+    assert view.requests_sent == 2
+    assert view.shown_request == 2
+    assert shown == [view.suggestion]
+
+
+def test_a_late_answer_for_an_old_cursor_is_never_shown(qtbot, ctx):
+    view = make_view(qtbot, ctx, debounce_ms=60_000, n_predict=24)
+    shown: list[str] = []
+    view.suggestion_shown.connect(shown.append)
+    view.request_now()
+    view.editor.moveCursor(QTextCursor.MoveOperation.Start)  # no edit: no new request
+    qtbot.waitUntil(lambda: view.answers_dropped == 1, timeout=30_000)
+    assert shown == [] and view.suggestion == ""
+    assert view.requests_sent == 1
+
+
+def test_the_request_splits_the_text_like_llama_vim(qtbot, ctx):
+    view = make_view(qtbot, ctx)
+    view.editor.setPlainText("a = 1\nb = 2 + c\nprint(b)")
+    cursor = view.editor.textCursor()
+    cursor.setPosition(len("a = 1\nb = 2"))
+    view.editor.setTextCursor(cursor)
+    fim = fim_context(view.editor)
+    assert (fim.prefix, fim.prompt, fim.suffix) == ("a = 1\n", "b = 2", " + c\nprint(b)\n")
+
+
+def test_an_unreachable_worker_reads_as_words(qtbot, paths: AppPaths):
+    ctx = AppContext(paths)
+    ctx.client.configure("http://127.0.0.1:9")  # discard port: nothing listens
+    view = make_view(qtbot, ctx)
+    view.request_now()
+    qtbot.waitUntil(lambda: "unreachable" in view.status.text(), timeout=15_000)
+    assert view.suggestion == ""
+
+
+def test_no_model_reads_as_words(qtbot, paths: AppPaths, app_home: Path,
+                                 models_root: Path):
+    proc, ready = start_worker(None, [models_root], app_home)
+    try:
+        ctx = AppContext(paths)
+        ctx.client.configure(ready["url"], None, ready["admin_token"])
+        view = make_view(qtbot, ctx)
+        view.request_now()
+        qtbot.waitUntil(lambda: "No model" in view.status.text(), timeout=15_000)
+        assert view.suggestion == ""
+    finally:
+        proc.terminate()
+        proc.wait(10)
