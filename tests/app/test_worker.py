@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from app.worker import WorkerOptions, WorkerProcess, command_for, diagnose
+from app.worker import Crash, WorkerOptions, WorkerProcess, command_for, diagnose
 from tests.app.conftest import TINY
 
 
@@ -60,7 +60,7 @@ def test_killed_worker_is_explained_and_back_within_3_s(qtbot, models_root, app_
 
 def test_a_worker_that_cannot_start_says_why_and_gives_up(qtbot, tmp_path, app_home):
     worker = WorkerProcess()
-    crashes = []
+    crashes: list[Crash] = []
     worker.died.connect(crashes.append)
     worker.start(WorkerOptions(model=str(tmp_path / "no-such-model"),
                                admin_token_file=str(app_home / "token")))

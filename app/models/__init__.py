@@ -1,0 +1,1 @@
+"""Qt item models over the app's data (conversations, ...)."""

@@ -1,0 +1,105 @@
+"""The whole window against a worker it started itself: every view opens, and a worker
+killed mid-answer is reported, restarted, and nothing written so far is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from app.context import AppContext
+from app.store import ChatStore
+from app.views.main_window import VIEWS, MainWindow
+from tests.app.conftest import SLOW, TINY
+
+KILLS = 10
+
+
+@pytest.fixture
+def window(qtbot, paths, models_root):
+    ctx = AppContext(paths)
+    ctx.settings.set_value("welcome/shown", True)
+    ctx.settings.set_value("worker/threads", 1)
+    ctx.settings.set_value("chat/sampling", {"temperature": 0.0, "max_tokens": 64})
+    ctx.settings.set_model_roots([str(models_root)])
+    ctx.store = ChatStore(paths.chats_db)
+    win = MainWindow(ctx)
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    ctx.shutdown()
+    ctx.store.close()
+
+
+def start(qtbot, win: MainWindow, model: str) -> None:
+    with qtbot.waitSignal(win.ctx.model_changed, timeout=30_000,
+                          check_params_cb=lambda card: card is not None):
+        win.ctx.start_local(model)
+        win.attach_worker()
+
+
+def test_every_view_opens_and_the_status_bar_says_where_the_model_runs(qtbot, window,
+                                                                        models_root):
+    start(qtbot, window, str(models_root / TINY))
+    for key, *_ in VIEWS:
+        view = window.show_view(key)
+        assert type(view).__name__ != "QLabel", f"the {key} view failed to open"
+        assert window.stack.currentWidget() is view
+    assert window.model_label.text() == f"Model: {TINY}"
+    assert window.device_label.text() == "Runs on: CPU"
+    assert window.state_label.text() == "Worker: ready"
+    qtbot.waitUntil(lambda: window.gauges_dock.widget() is not None, timeout=5_000)
+    assert not window.banner.isVisible()
+
+
+def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_root):
+    ctx = window.ctx
+    start(qtbot, window, str(models_root / SLOW))
+    chat = window.show_view("chat")
+    worker = ctx.worker
+    assert worker is not None
+    back_after: list[float] = []
+    for round_ in range(KILLS):
+        # a long answer streams, and the worker dies under it (the context holds 1024
+        # tokens: answers are kept short so that twenty exchanges fit)
+        chat.settings.max_tokens.setValue(400)
+        assert chat.send(f"question {round_}")
+        before = len(chat.message_widgets())
+        qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=20_000)
+        pid = worker.pid
+        assert pid is not None
+        killed = time.monotonic()
+        with qtbot.waitSignal(worker.died, timeout=10_000):
+            os.kill(pid, signal.SIGKILL)
+        assert ctx.model is None  # the GUI knows at once
+        assert window.banner.isVisible() and "killed" in window.banner.text.text()
+        qtbot.waitUntil(lambda: ctx.model is not None, timeout=10_000)
+        back_after.append(time.monotonic() - killed)
+        qtbot.waitUntil(lambda: not chat.answering, timeout=5_000)
+        partial = last_answer(ctx, chat)
+        assert len(partial.content) >= 8 and partial.state in {"failed", "stopped"}
+        assert "interrupted" in partial.note
+        assert len(chat.message_widgets()) == before
+        # the next message works
+        chat.settings.max_tokens.setValue(12)
+        with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as done:
+            assert chat.send(f"and again {round_}")
+        assert done.args[0].state == "done" and done.args[0].content
+    print("worker back after (s):", " ".join(f"{t:.2f}" for t in back_after))
+    assert max(back_after) < 3.0, f"the worker was not back within 3 s: {back_after}"
+    # everything, from the store on disk: 2 exchanges per round, nothing lost
+    fresh = ChatStore(ctx.paths.chats_db)
+    messages = fresh.messages(chat.current_conversation_id())
+    assert [m.role for m in messages] == ["user", "assistant"] * (2 * KILLS)
+    assert [m.content for m in messages if m.role == "user"] == [
+        text for r in range(KILLS) for text in (f"question {r}", f"and again {r}")]
+    assert all(m.content for m in messages)
+    fresh.close()
+
+
+def last_answer(ctx: AppContext, chat):
+    messages = ctx.store.messages(chat.current_conversation_id())
+    assert messages and messages[-1].role == "assistant"
+    return messages[-1]
