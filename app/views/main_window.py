@@ -237,7 +237,16 @@ class MainWindow(QMainWindow):
 
     def _build_gauges(self) -> None:
         if self.gauges_dock.widget() is None:
-            self.gauges_dock.setWidget(self._make("app.views.gauges", "GaugesPanel"))
+            panel = self._make("app.views.gauges", "GaugesPanel")
+            self.gauges_dock.setWidget(panel)
+            feed = getattr(panel, "feed", None)
+            if feed is not None:
+                feed.snapshot.connect(self._on_snapshot)
+
+    def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
+        last = ((snapshot.get("throughput") or {}).get("last") or {})
+        if last.get("tokens_per_s"):
+            self.show_speed(float(last["tokens_per_s"]), last.get("ttft_ms"))
 
     def show_welcome(self) -> None:
         from app.views.welcome import WelcomeDialog
@@ -293,8 +302,9 @@ class MainWindow(QMainWindow):
         else:
             self.statusBar().clearMessage()
 
-    def show_speed(self, tokens_per_s: float) -> None:
-        self.speed_label.setText(f"{tokens_per_s:.1f} tok/s")
+    def show_speed(self, tokens_per_s: float, ttft_ms: float | None = None) -> None:
+        first = f", first token {ttft_ms:.0f} ms" if ttft_ms else ""
+        self.speed_label.setText(f"Last answer: {tokens_per_s:.1f} tok/s{first}")
 
     def on_worker_ready(self, info: ReadyInfo) -> None:
         self.statusBar().showMessage(f"Worker ready in {info.started_s:.1f} s", 4000)

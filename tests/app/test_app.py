@@ -103,3 +103,32 @@ def last_answer(ctx: AppContext, chat):
     messages = ctx.store.messages(chat.current_conversation_id())
     assert messages and messages[-1].role == "assistant"
     return messages[-1]
+
+
+def test_status_bar_shows_the_last_answers_speed(qtbot, window, models_root):
+    start(qtbot, window, str(models_root / TINY))
+    chat = window.show_view("chat")
+    with qtbot.waitSignal(chat.answer_finished, timeout=30_000):
+        chat.send("hello")
+    qtbot.waitUntil(lambda: "tok/s" in window.speed_label.text(), timeout=10_000)
+    assert window.speed_label.text().startswith("Last answer: ")
+
+
+def test_remote_server_setting_points_the_app_at_another_server(qtbot, window, live_worker):
+    url, _token = live_worker
+    settings_view = window.show_view("settings")
+    settings_view.remote_url.setText(url)
+    with qtbot.waitSignal(window.ctx.model_changed, timeout=10_000,
+                          check_params_cb=lambda card: card is not None):
+        settings_view.apply_button.click()
+    assert window.ctx.remote
+    assert window.ctx.worker is None or window.ctx.worker.state == "stopped"
+    assert window.state_label.text() == "Worker: remote server"
+    assert window.model_label.text().endswith("slow-coder")
+    chat = window.show_view("chat")
+    with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as done:
+        chat.send("hello over there")
+    assert done.args[0].state == "done"
+    settings_view.remote_url.setText("ftp://nope")
+    settings_view.apply_button.click()
+    assert "http://" in settings_view.result.text()
