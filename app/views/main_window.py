@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -112,7 +112,7 @@ class MainWindow(QMainWindow):
         ctx.down.connect(self._on_down)
         ctx.model_changed.connect(self._on_model)
         ctx.busy.connect(self._on_busy)
-        self.show_view("chat")
+        self._restore_state()
         QTimer.singleShot(0, self._build_gauges)  # after the first paint
 
     # --- layout ---------------------------------------------------------------------------
@@ -309,7 +309,29 @@ class MainWindow(QMainWindow):
     def on_worker_ready(self, info: ReadyInfo) -> None:
         self.statusBar().showMessage(f"Worker ready in {info.started_s:.1f} s", 4000)
 
+    def _restore_state(self) -> None:
+        """Window size and place, the resources panel and the last view, as left."""
+        s = self.ctx.settings
+        geometry, state = s.value("window/geometry", ""), s.value("window/state", "")
+        if geometry:
+            self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))
+        if state:
+            self.restoreState(QByteArray.fromBase64(state.encode()))
+        self.toggle_gauges.setChecked(s.value("window/resources_panel", True))
+        last = s.value("window/view", "chat")
+        self.show_view(last if last in {v[0] for v in VIEWS} else "chat")
+
+    def save_state(self) -> None:
+        s = self.ctx.settings
+        s.set_value("window/geometry", bytes(self.saveGeometry().toBase64().data()).decode())
+        s.set_value("window/state", bytes(self.saveState().toBase64().data()).decode())
+        s.set_value("window/resources_panel", self.toggle_gauges.isChecked())
+        current = self.stack.currentWidget()
+        s.set_value("window/view", next((k for k, w in self.views.items() if w is current),
+                                        "chat"))
+
     def closeEvent(self, event: QCloseEvent) -> None:
+        self.save_state()
         self.ctx.shutdown()
         super().closeEvent(event)
 

@@ -132,3 +132,20 @@ def test_remote_server_setting_points_the_app_at_another_server(qtbot, window, l
     settings_view.remote_url.setText("ftp://nope")
     settings_view.apply_button.click()
     assert "http://" in settings_view.result.text()
+
+
+def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
+    ctx = AppContext(paths)
+    first = MainWindow(ctx)
+    qtbot.addWidget(first)
+    first.resize(720, 520)  # inside the offscreen screen (800 x 600)
+    first.show()
+    first.show_view("code")
+    first.toggle_gauges.setChecked(False)
+    first.close()
+    again = MainWindow(AppContext(paths))
+    qtbot.addWidget(again)
+    again.show()
+    assert again.stack.currentWidget() is again.views["code"]
+    assert (again.width(), again.height()) == (720, 520)
+    assert not again.toggle_gauges.isChecked()
