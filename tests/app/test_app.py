@@ -13,6 +13,7 @@ from app.context import AppContext
 from app.store import ChatStore
 from app.views.main_window import VIEWS, MainWindow
 from tests.app.conftest import SLOW, TINY
+from tests.forge.tokenizer import EOS_TOKEN_ID
 
 KILLS = 10
 
@@ -64,7 +65,7 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
     for round_ in range(KILLS):
         # a long answer streams, and the worker dies under it (the context holds 1024
         # tokens: answers are kept short so that twenty exchanges fit)
-        chat.settings.max_tokens.setValue(400)
+        chat.settings.sampling = answers_of(400)
         assert chat.send(f"question {round_}")
         before = len(chat.message_widgets())
         qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=20_000)
@@ -83,7 +84,7 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
         assert "interrupted" in partial.note
         assert len(chat.message_widgets()) == before
         # the next message works
-        chat.settings.max_tokens.setValue(12)
+        chat.settings.sampling = answers_of(12)
         with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as done:
             assert chat.send(f"and again {round_}")
         assert done.args[0].state == "done" and done.args[0].content
@@ -97,6 +98,13 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
         text for r in range(KILLS) for text in (f"question {r}", f"and again {r}")]
     assert all(m.content for m in messages)
     fresh.close()
+
+
+def answers_of(max_tokens: int):
+    """The chat panel's sampling, with the end-of-text token barred: the forged model's
+    random weights would otherwise end some answers before there is anything to kill."""
+    return lambda: {"temperature": 0.0, "max_tokens": max_tokens,
+                    "logit_bias": {str(EOS_TOKEN_ID): -100}}
 
 
 def last_answer(ctx: AppContext, chat):
