@@ -88,4 +88,23 @@ def run_gui(args: argparse.Namespace) -> int:
             window.show_welcome()
 
     QTimer.singleShot(0, start_backend)
+    app.aboutToQuit.connect(window.save_state)
+    app.aboutToQuit.connect(ctx.shutdown)
+    quit_on_signals(app)
     return app.exec()
+
+
+def quit_on_signals(app: Any) -> None:
+    """SIGTERM / SIGINT (a logout, Ctrl+C in a terminal) close the app the normal way, so
+    the worker is stopped too. Python runs signal handlers only when it has control: a
+    timer hands it control a few times a second."""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_args: app.quit())
+    pulse = QTimer(app)
+    pulse.setInterval(250)
+    pulse.timeout.connect(lambda: None)
+    pulse.start()

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     net.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                      help="requests allowed to wait for the engine before 429")
+    net.add_argument("--parent-pid", type=int,
+                     help="stop (gracefully) when this process ends: the app passes its own "
+                     "pid so a worker never outlives it")
     net.add_argument("--graceful-shutdown", type=float, default=5.0,
                      help="seconds in-flight requests get on SIGINT/SIGTERM")
     net.add_argument("--access-log", action="store_true", help="log every request to stderr")

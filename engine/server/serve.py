@@ -17,6 +17,8 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -130,5 +132,35 @@ def run(args: argparse.Namespace) -> int:
              "model": current.id if current else None,
              "admin_token_file": str(config.admin_token_file)}
     server = WorkerServer(uvicorn_config(app, config), ready)
+    if args.parent_pid:
+        watch_parent(server, args.parent_pid)
     server.run(sockets=[sock])
     return 0
+
+
+def parent_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs and (on POSIX) is still our parent: an orphaned worker
+    is adopted by another process, which is how a parent killed with SIGKILL shows."""
+    if os.name != "nt" and os.getppid() != pid:
+        return False
+    try:
+        import psutil
+
+        return bool(psutil.pid_exists(pid))
+    except Exception:  # psutil is a dependency; be safe anyway
+        return True
+
+
+def watch_parent(server: uvicorn.Server, pid: int, every_s: float = 0.5) -> threading.Thread:
+    """Stop ``server`` gracefully once process ``pid`` is gone (checked every ``every_s``)."""
+    def watch() -> None:
+        while not server.should_exit:
+            if not parent_alive(pid):
+                log.warning("the app (pid %d) has gone: stopping", pid)
+                server.should_exit = True
+                return
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread

@@ -83,3 +83,58 @@ def test_worker_command_is_python_m_engine_from_source():
     assert program == sys.executable
     assert args[:3] == ["-m", "engine", "serve"]
     assert args[args.index("--model") + 1] == "/m"
+
+
+def test_the_worker_never_outlives_the_app(tmp_path, models_root):
+    """However the app ends (here: SIGKILL, which runs no clean-up), its worker stops."""
+    import json
+    import subprocess
+
+    from tests.app.conftest import ROOT
+
+    app_home = tmp_path / "home"
+    env = {**os.environ, "ONNX_LOCAL_LLM_HOME": str(app_home), "ONNX_LOCAL_LLM_TIMING": "1",
+           "QT_QPA_PLATFORM": "offscreen"}
+    app = subprocess.Popen([sys.executable, "-m", "app", "--no-welcome", "--model",
+                            str(models_root / TINY)], cwd=ROOT, env=env,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stderr is not None
+    for line in app.stderr:
+        if line.startswith("{") and json.loads(line)["event"] == "model_ready":
+            break
+    import psutil
+
+    workers = [p for p in psutil.Process(app.pid).children()
+               if "engine" in " ".join(p.cmdline())]
+    assert len(workers) == 1
+    app.kill()
+    app.wait(10)
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == [], "the worker outlived the app"
+
+
+def test_sigterm_closes_the_app_and_its_worker(tmp_path, models_root):
+    import json
+    import subprocess
+
+    import psutil
+
+    from tests.app.conftest import ROOT
+
+    env = {**os.environ, "ONNX_LOCAL_LLM_HOME": str(tmp_path / "home"),
+           "ONNX_LOCAL_LLM_TIMING": "1", "QT_QPA_PLATFORM": "offscreen"}
+    app = subprocess.Popen([sys.executable, "-m", "app", "--no-welcome", "--model",
+                            str(models_root / TINY)], cwd=ROOT, env=env,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stderr is not None
+    for line in app.stderr:
+        if line.startswith("{") and json.loads(line)["event"] == "model_ready":
+            break
+    workers = [p for p in psutil.Process(app.pid).children()
+               if "engine" in " ".join(p.cmdline())]
+    app.terminate()
+    assert app.wait(15) == 0
+    _gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert alive == []
+    settings = (tmp_path / "home" / "config" / "settings.ini").read_text()
+    assert "geometry" in settings  # the window's state was saved on the way out

@@ -1,0 +1,1 @@
+"""Packaging: the PyInstaller spec, the build script and the platform installers."""
