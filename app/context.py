@@ -17,7 +17,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from app.client import ApiFailure, WorkerClient
-from app.paths import AppPaths
+from app.paths import AppPaths, resources_dir
 from app.settings import AppSettings
 from app.worker import Crash, ReadyInfo, WorkerOptions, WorkerProcess
 
@@ -44,7 +44,11 @@ class AppContext(QObject):
 
     def worker_options(self, model: str | None) -> WorkerOptions:
         s = self.settings
-        roots = tuple(r for r in s.model_roots if r)
+        # the user's folders, downloads and the built-in models: whatever the library lists
+        # can be loaded (the worker loads only from its roots)
+        builtin = resources_dir() / "models"
+        roots = tuple(dict.fromkeys([*(r for r in s.model_roots if r),
+                                     str(self.paths.models_dir), str(builtin)]))
         return WorkerOptions(model=model, models_dirs=roots, provider=s.provider, port=s.port,
                              api_key=s.api_key or None, threads=s.threads,
                              host_ram_limit=s.host_ram_limit, vram_limit=s.vram_limit,

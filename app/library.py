@@ -29,6 +29,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, Signal
 
+from app.paths import resources_dir
 from engine.errors import EngineError
 from engine.model_dir import load_model_dir
 from engine.onnx_scan import ScanError, scan_onnx
@@ -53,7 +54,8 @@ def human_size(n: int | None) -> str:
 @dataclass(frozen=True)
 class LibraryRoot:
     path: Path
-    kind: str  # "folder" (added by the user) | "huggingface" | "foundry" | "downloads"
+    kind: str  # "folder" (added by the user) | "builtin" | "downloads" | "huggingface" |
+    #            "foundry"
     label: str
 
     @property
@@ -119,7 +121,9 @@ def library_roots(user_roots: Iterable[str | Path], models_dir: Path) -> list[Li
     exist, without duplicates."""
     roots = [LibraryRoot(Path(r).expanduser(), "folder", str(Path(r).expanduser()))
              for r in user_roots if str(r).strip()]
-    known = [LibraryRoot(models_dir, "downloads", f"Downloads ({models_dir})"),
+    builtin = resources_dir() / "models"
+    known = [LibraryRoot(builtin, "builtin", "Built-in"),
+             LibraryRoot(models_dir, "downloads", f"Downloads ({models_dir})"),
              LibraryRoot(huggingface_cache(), "huggingface",
                          f"Hugging Face cache ({huggingface_cache()})"),
              LibraryRoot(foundry_cache(), "foundry", f"Foundry Local cache ({foundry_cache()})")]

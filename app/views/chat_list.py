@@ -6,7 +6,7 @@ holds it in a splitter until then.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QItemSelectionModel, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -47,6 +47,8 @@ class ConversationList(QWidget):
         self.search.setPlaceholderText("Search chats")
         self.search.setClearButtonEnabled(True)
         self.view = named(QListView(), "conversationList")
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.view.setModel(self.model)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked

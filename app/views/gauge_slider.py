@@ -92,6 +92,7 @@ class LimitSlider(QWidget):
                                "frees cached KV at once")
         self.outcome = label("", f"limitOutcome_{tier}")
         self.outcome.setWordWrap(True)
+        self.label.setWordWrap(True)
         self.outcome.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         for widget in (self.label, self.slider, self.outcome):
             layout.addWidget(widget)

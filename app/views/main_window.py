@@ -104,6 +104,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self.gauges_dock = named(QDockWidget("Resources", self), "resourcesDock")
         self.gauges_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.gauges_dock.setMinimumWidth(300)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.gauges_dock)
         self.toggle_gauges.toggled.connect(self.gauges_dock.setVisible)
         self.gauges_dock.visibilityChanged.connect(self.toggle_gauges.setChecked)
@@ -133,6 +134,8 @@ class MainWindow(QMainWindow):
         self.rail.setMovement(QListWidget.Movement.Static)
         self.rail.setFlow(QListWidget.Flow.TopToBottom)
         self.rail.setSpacing(4)
+        self.rail.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.rail.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.stack = named(QStackedWidget(), "views")
         for key, label, icon, _, _ in VIEWS:
             item = QListWidgetItem(self.style().standardIcon(icon), label)
@@ -313,11 +316,11 @@ class MainWindow(QMainWindow):
         """Window size and place, the resources panel and the last view, as left."""
         s = self.ctx.settings
         geometry, state = s.value("window/geometry", ""), s.value("window/state", "")
+        self.toggle_gauges.setChecked(s.value("window/resources_panel", True))
+        if state:  # docks first: a hidden panel lets the window be narrower
+            self.restoreState(QByteArray.fromBase64(state.encode()))
         if geometry:
             self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))
-        if state:
-            self.restoreState(QByteArray.fromBase64(state.encode()))
-        self.toggle_gauges.setChecked(s.value("window/resources_panel", True))
         last = s.value("window/view", "chat")
         self.show_view(last if last in {v[0] for v in VIEWS} else "chat")
 

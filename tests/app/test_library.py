@@ -107,7 +107,8 @@ def test_hf_cache_and_foundry_cache_are_known_locations(models_root, tmp_path, m
     monkeypatch.setenv("HOME", str(home))
     downloads = tmp_path / "downloads"  # not there yet: not listed
     roots = library_roots([], downloads)
-    assert [r.kind for r in roots] == ["huggingface", "foundry"]
+    # (plus the built-in models of this tree, when it has them)
+    assert [r.kind for r in roots if r.kind != "builtin"] == ["huggingface", "foundry"]
     names = {m.name: m.source for m in scan_library(roots).models}
     assert names == {"forge/tiny-onnx/cpu-int4": "huggingface",
                      "Microsoft/tiny-cpu": "foundry"}
@@ -119,7 +120,8 @@ def test_user_roots_are_listed_even_when_missing_and_without_duplicates(tmp_path
     (tmp_path / "a").mkdir()
     roots = library_roots([str(tmp_path / "a"), str(tmp_path / "a"), str(tmp_path / "gone")],
                           tmp_path / "a")
-    assert [(r.path.name, r.kind) for r in roots] == [("a", "folder"), ("gone", "folder")]
+    assert [(r.path.name, r.kind) for r in roots if r.kind != "builtin"] == [
+        ("a", "folder"), ("gone", "folder")]
 
 
 def test_where_it_runs_says_cpu_without_a_gpu_runtime(tree):
