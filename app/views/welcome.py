@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
 
 from app.context import AppContext
+from app.paths import resources_dir
 from app.views import named
 
 
@@ -19,11 +20,14 @@ def welcome_html(ctx: AppContext) -> str:
     where = "a GPU" if ("CUDA" in provider or "Dml" in provider) else "this computer's CPU"
     model = card.get("id") or "the default model (loading…)"
     url = ctx.client.base_url or "(starting…)"
+    path = str(meta.get("path") or "")
+    builtin_note = (" — the small built-in model, for trying things out"
+                    if path.startswith(str(resources_dir())) or not card else "")
     p = ctx.paths
     return (
         "<h2>Welcome</h2>"
-        f"<p>Models run on <b>{where}</b>. Loaded: <b>{model}</b> — a small built-in model "
-        "for trying things out; add bigger ones under <i>Models</i>.</p>"
+        f"<p>Models run on <b>{where}</b>. Loaded: <b>{model}</b>{builtin_note}; add "
+        "bigger models under <i>Models</i>.</p>"
         f"<p>Your chats are kept in <code>{p.chats_db}</code>; downloaded models go to "
         f"<code>{p.models_dir}</code>. Nothing leaves this computer.</p>"
         f"<p>Editors (llama.vscode, llama.vim, Continue, Tabby) connect to <code>{url}</code>: "
