@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from PySide6.QtWidgets import QDialog
 
 from app.context import AppContext
 from app.store import ChatStore
@@ -160,3 +161,17 @@ def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
     # (the height: the width stops at the window's minimum, then at the 800-pixel screen)
     assert again.height() == 520
     assert not again.toggle_gauges.isChecked()
+
+
+def test_first_run_welcome_says_where_the_model_runs_and_where_chats_live(qtbot, window,
+                                                                           models_root):
+    start(qtbot, window, str(models_root / TINY))
+    window.show_welcome()
+    dialog = window.findChild(QDialog, "welcome")
+    assert dialog is not None and dialog.isVisible()
+    text = dialog.text.text()
+    assert "this computer's CPU" in text
+    assert TINY in text and "built-in" not in text
+    assert str(window.ctx.paths.chats_db) in text
+    assert window.ctx.client.base_url in text
+    assert window.ctx.settings.value("welcome/shown", False)
