@@ -59,7 +59,7 @@ def model_vocab(model: Path) -> int:
 
 
 def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
-             threads: int, spin: bool) -> dict[str, Any]:
+             threads: int, spin: bool, speculative_mode: str = "none") -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
     # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` is the
@@ -70,7 +70,8 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
     load_ms = (time.perf_counter() - t0) * 1e3
 
     def generate(ids: list[int], n: int) -> Any:
-        opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
+        opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n,
+                               speculative_mode=speculative_mode)
         return eng.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
 
     generate(warmup, WARMUP_NEW)
@@ -83,6 +84,7 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
             "decode_path": eng.decode_path, "engine": engine_fingerprint(),
             "engine_config": repr(eng.config),
             "prefix_cache_hit_len": getattr(res, "prefix_cache_hit_len", 0),
+            "speculation": res.speculation.as_dict() if res.speculation else None,
             **{f"live_{k}": v for k, v in proc_status_mib().items()},
             "tokens": list(res.token_ids)}
 

@@ -13,9 +13,11 @@ from engine.errors import (
     ModelLoadError,
     ResourceLimitError,
     RuntimeSelectionError,
+    SamplerError,
     TokenizerError,
     UnsupportedModelError,
 )
+from engine.sampling import CustomSampler, SamplerContext
 from engine.stopping import FinishReason
 from engine.tokenizer import ChatMessage
 
@@ -24,6 +26,7 @@ __all__ = [
     "ChatMessage",
     "ConstraintError",
     "ContextOverflowError",
+    "CustomSampler",
     "Engine",
     "EngineConfig",
     "EngineError",
@@ -38,6 +41,8 @@ __all__ = [
     "ModelLoadError",
     "ResourceLimitError",
     "RuntimeSelectionError",
+    "SamplerContext",
+    "SamplerError",
     "Timings",
     "TokenizerError",
     "UnsupportedModelError",

@@ -42,7 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--threads", type=int)
     gen.add_argument("--provider", choices=PROVIDERS, default="auto")
-    gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model"),
+    gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model", "mtp"),
                      default="none", help="greedy only: guess tokens, verify them in one pass")
     gen.add_argument("--draft-model", help="draft model folder for --speculative draft_model")
     gen.add_argument("--truncate-prompt", action="store_true",

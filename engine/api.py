@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import GenerateOptions
-from engine.errors import InvalidPromptError
-from engine.sampling import TokenLogprob
+from engine.errors import InvalidOptionError, InvalidPromptError
+from engine.sampling import CustomSampler, TokenLogprob
 from engine.speculative import SpeculativeStats
 from engine.stopping import FinishReason
 from engine.tokenizer import ChatMessage
@@ -15,12 +15,17 @@ from engine.tokenizer import ChatMessage
 @dataclass(frozen=True)
 class GenerateRequest:
     """Exactly one of `prompt` (raw text, special tokens parsed), `messages` (chat
-    template applied) or `token_ids`."""
+    template applied) or `token_ids`.
+
+    `sampler` picks each token instead of the built-in samplers (see
+    ``engine.sampling.CustomSampler``); it turns speculation off for the request.
+    """
 
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
     token_ids: tuple[int, ...] | None = None
     options: GenerateOptions = field(default_factory=GenerateOptions)
+    sampler: CustomSampler | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]
@@ -28,6 +33,10 @@ class GenerateRequest:
             raise InvalidPromptError(
                 "a request needs exactly one of prompt, messages or token_ids "
                 f"({sum(given)} given)", hint="pass prompt='...' for raw text")
+        if self.sampler is not None and not callable(self.sampler):
+            raise InvalidOptionError("sampler", f"expected a callable (logits, context) -> "
+                                     f"token id, got {type(self.sampler).__name__}",
+                                     hint="pass a function, or None for the built-in sampler")
 
 
 @dataclass(frozen=True)

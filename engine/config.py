@@ -108,20 +108,24 @@ class GenerateOptions:
     top_logprobs: int | None = None
     #: Only tokens that keep the output a valid JSON prefix; see ``engine.constraint``.
     constraint: JsonConstraintSpec | None = None
-    #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass.
-    #: Runs only where it cannot change the output (greedy, no processors, no logprobs).
     #: A prompt that does not fit the context is refused unless this is set: then its
     #: oldest tokens are dropped (leaving room for max_new_tokens) and the result says how
     #: many.
     truncate_prompt: bool = False
+    #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass;
+    #: "draft_model": guesses of EngineConfig.draft_model; "mtp": the model's declared MTP
+    #: head. Runs only where it cannot change the output (greedy, no processors, no
+    #: logprobs, no custom sampler). Off by default: on int4 MatMulNBits graphs a
+    #: multi-token verify pass computes slightly different logits than single steps, so
+    #: the output can differ from plain greedy there (bench/README.md has the numbers).
     speculative_mode: str = "none"
     num_speculative_tokens: int = 4
     speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
-        if self.speculative_mode not in ("none", "prompt_lookup", "draft_model"):
-            raise InvalidOptionError("speculative_mode", "expected 'none', 'prompt_lookup' or "
-                                     f"'draft_model', got {self.speculative_mode!r}",
+        if self.speculative_mode not in ("none", "prompt_lookup", "draft_model", "mtp"):
+            raise InvalidOptionError("speculative_mode", "expected 'none', 'prompt_lookup', "
+                                     f"'draft_model' or 'mtp', got {self.speculative_mode!r}",
                                      hint="use 'prompt_lookup' for code edits")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1,
                    hint="e.g. 4")
@@ -233,6 +237,10 @@ class EngineConfig:
     runtime_override: bool = True
     #: A smaller model with the same tokenizer, for speculative_mode="draft_model".
     draft_model: str | None = None
+    #: A model-declared proposer (MTP / EAGLE-3 / shared-KV head) given here instead of in
+    #: the model's inference_metadata.yaml: the same mapping as its `speculative:` block,
+    #: paths relative to the model folder (see engine.spec_heads). Validated at load.
+    speculative_head: Mapping[str, Any] | None = None
     #: Sequences decoded together in one batch (the scheduler's concurrency).
     max_batch: int = 4
     #: Tiered KV store for prefixes across requests and restarts; off unless given.
@@ -261,3 +269,8 @@ class EngineConfig:
         _check_int("kv_cache_bytes", self.kv_cache_bytes, minimum=0, hint="e.g. 512 MiB")
         if self.kv_max_len is not None:
             _check_int("kv_max_len", self.kv_max_len, minimum=16, hint="e.g. 4096")
+        if self.speculative_head is not None and not isinstance(self.speculative_head, Mapping):
+            raise InvalidOptionError("speculative_head", "expected a mapping like the "
+                                     "metadata's speculative: block, got "
+                                     f"{type(self.speculative_head).__name__}",
+                                     hint="e.g. {'type': 'mtp', 'model': 'head.onnx', ...}")

@@ -36,6 +36,23 @@ class DecodeRunner(ABC):
         self.tokens: list[int] = []
         self._vocab = spec.vocab_size
         self._logits_dtype = np.float16 if spec.logits_dtype == "float16" else np.float32
+        #: A float32 hidden-state output fetched with the logits (for an MTP head), if any.
+        self.hidden_output: str | None = None
+        self._hidden_size = 0
+        #: `[n, hidden]` rows of the last forward when `hidden_output` is set.
+        self.last_hidden: np.ndarray | None = None
+
+    def track_hidden(self, name: str, size: int) -> None:
+        """Fetch the graph output `name` (`[1, n, size]` float32) with every forward."""
+        self.hidden_output, self._hidden_size = name, size
+
+    def _bind_hidden(self, binding: Any, n: int) -> None:
+        """Bind a fresh `[1, n, hidden]` buffer as the hidden output (when tracked)."""
+        if self.hidden_output is not None:
+            hidden = np.empty((1, n, self._hidden_size), dtype=np.float32)
+            binding.bind_output(self.hidden_output, "cpu", 0, np.float32, list(hidden.shape),
+                                hidden.ctypes.data)
+            self.last_hidden = hidden[0]
 
     @property
     def capacity(self) -> int:
@@ -199,6 +216,7 @@ class GrowingRunner(DecodeRunner):
         logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
         b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
                       logits.ctypes.data)
+        self._bind_hidden(b, n)
         self.session.run_with_iobinding(b)
         outputs = b.get_outputs()
         # Outputs come back in binding order: the KV pairs first, then the logits.
@@ -264,6 +282,7 @@ class StaticCacheRunner(DecodeRunner):
         logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
         b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
                       logits.ctypes.data)
+        self._bind_hidden(b, n)
         self.session.run_with_iobinding(b)
         self._current = 1 - self._current
         return logits
@@ -287,7 +306,11 @@ class RecomputeRunner(DecodeRunner):
             feeds[self.spec.attention_mask] = np.ones((1, total), dtype=np.int64)
         if self.spec.position_ids:
             feeds[self.spec.position_ids] = np.arange(total, dtype=np.int64)[None]
-        (logits,) = self.session.run([self.spec.logits], feeds)
+        if self.hidden_output is None:
+            (logits,) = self.session.run([self.spec.logits], feeds)
+        else:
+            logits, hidden = self.session.run([self.spec.logits, self.hidden_output], feeds)
+            self.last_hidden = np.asarray(hidden, dtype=np.float32)[0, -n:]
         return np.asarray(logits)[:, -n:] if not self.spec.logits_last_only else logits
 
 

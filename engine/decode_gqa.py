@@ -181,6 +181,7 @@ class SharedBufferRunner(DecodeRunner):
                 bind_array(b, self.spec.input_ids, self._step_ids, (1, 1))
                 b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
                               [1, 1, self._vocab], self._step_logits.ctypes.data)
+                self._bind_hidden(b, 1)  # one buffer for every single-token step
                 self._step_bound = True
             self._step_ids[0, 0] = token_ids[0]
             logits = self._step_logits
@@ -191,6 +192,7 @@ class SharedBufferRunner(DecodeRunner):
             bind_array(b, self.spec.input_ids, ids, (1, n))
             b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
                           [1, rows, self._vocab], logits.ctypes.data)
+            self._bind_hidden(b, n)
             self._step_bound = False
         if self.spec.attention_mask:
             b.bind_input(self.spec.attention_mask, "cpu", 0, np.int64, [1, total],

@@ -48,10 +48,12 @@ from engine.kv_reuse import KVReuse
 from engine.kv_tiers import KVTiers, model_identity
 from engine.limits import parse_limit
 from engine.model_dir import ModelDir, load_model_dir
+from engine.mtp import MtpHead
 from engine.placement import plan_placement
 from engine.request import RequestRun
 from engine.runtime import SessionInfo, available_providers, make_session, provider_from_env
 from engine.sessions import Session, SessionStore
+from engine.spec_heads import DeclaredHead, load_declared_head
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -85,6 +87,10 @@ class Engine:
         self._scheduler: Scheduler | None = None
         #: The draft model's runner (speculative_mode="draft_model"), when one is loaded.
         self.draft_runner: DecodeRunner | None = None
+        #: A model-declared MTP / EAGLE-3 / shared-KV proposer that passed its contract
+        #: checks, and the MTP head that runs it (speculative_mode="mtp") when it can run.
+        self.declared_head: DeclaredHead | None = None
+        self.mtp_head: MtpHead | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
         self._new_runner = runner_factory(session, spec, self.context_length,
@@ -135,6 +141,7 @@ class Engine:
         tokenizer = Tokenizer.from_dir(model.path)
         spec = resolve_io(model.graph.inputs, model.graph.outputs, model.declared,
                           has_gqa=model.graph.has_gqa, source=model.format)
+        head = load_declared_head(model, spec, config.speculative_head)
         placement = plan_placement(
             provider_from_env(config.provider), available_providers(), model.weights_bytes,
             parse_limit(config.vram_limit, field="vram_limit"))
@@ -144,6 +151,11 @@ class Engine:
                                      provider_options=placement.provider_options)
         engine = cls(model, tokenizer, session, info, spec, config)
         engine.placement_reason = placement.reason
+        engine.declared_head = head
+        if head is not None and head.executable:
+            engine.mtp_head = MtpHead.load(head, config, placement.provider)
+            for runner in engine.runners:
+                runner.track_hidden(engine.mtp_head.hidden_output, engine.mtp_head.hidden_size)
         if config.draft_model is not None:
             engine.draft_runner = engine._load_draft(config.draft_model, placement.provider)
         return engine
@@ -189,9 +201,12 @@ class Engine:
             if isinstance(first, SharedBufferRunner) else 0
         if not self.governor.can_allocate(self.governor.kv_tier, row_bytes):
             return None
-        self.runners.append(self._new_runner())
+        runner = self._new_runner()
+        if self.mtp_head is not None:
+            runner.track_hidden(self.mtp_head.hidden_output, self.mtp_head.hidden_size)
+        self.runners.append(runner)
         self._report_kv()
-        return self.runners[-1]
+        return runner
 
     @property
     def provider(self) -> str:
@@ -295,6 +310,7 @@ class Engine:
         self._ensure_room(runner.growth_bytes(total))
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
                          dropped=dropped, draft_runner=self.draft_runner,
+                         mtp_head=self.mtp_head,
                          eos=self.stop_ids(request), max_total=self.max_total(request.options),
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started)
@@ -437,7 +453,9 @@ class Engine:
         return {"model": str(self.model.path), "provider": self.provider,
                 "placement_reason": self.placement_reason,
                 "threads": self.session_info.threads, "decode_path": self.decode_path,
-                "context_length": self.context_length}
+                "context_length": self.context_length,
+                "speculative_head": None if self.declared_head is None
+                else self.declared_head.describe()}
 
 
 def _result_of(events: Iterator[GenerateEvent]) -> GenerateResult:

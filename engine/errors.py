@@ -52,6 +52,11 @@ class CancelledError(EngineError):
     """The request was cancelled by its caller."""
 
 
+class SamplerError(EngineError):
+    """A request's custom sampler raised, or returned something that is not a token id; the
+    request ends, the engine stays usable."""
+
+
 class ConstraintError(EngineError):
     """A JSON constraint was not met: the generation stopped before a complete JSON value,
     or a token that breaks the value was forced past the constraint's mask."""

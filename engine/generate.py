@@ -13,6 +13,7 @@ from engine.constraint import TokenConstraint
 from engine.decode import DecodeRunner
 from engine.errors import InvalidOptionError
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
+from engine.mtp import MtpHead, MtpProposer
 from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
 from engine.speculative import (
     AdaptiveK,
@@ -72,7 +73,8 @@ class TokenSequence:
                  cached: int = 0, stop_token_ids: Sequence[int] = (),
                  sampler: Sampler | None = None, clock: LoopClock | None = None,
                  constraint: TokenConstraint | None = None,
-                 draft_runner: DecodeRunner | None = None) -> None:
+                 draft_runner: DecodeRunner | None = None,
+                 mtp_head: MtpHead | None = None) -> None:
         assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
         self.runner = runner
         self.options = options
@@ -91,19 +93,17 @@ class TokenSequence:
         self._sampler = sampler or make_sampler(options)
         self._context = ProcessorContext(prompt_ids=list(prompt_ids), generated_ids=[])
         self._top_n = options.top_logprobs
-        self._fast_greedy = options.is_greedy and not self._chain and self._top_n is None
+        # A caller's sampler sees every step's logits: no argmax shortcut, no speculation.
+        self._fast_greedy = (options.is_greedy and not self._chain and self._top_n is None
+                             and sampler is None)
         self.speculation: SpeculativeStats | None = None
+        #: The MTP proposer, which needs the hidden state behind each pending token.
+        self._mtp: MtpProposer | None = None
         if (options.speculative_mode != "none" and self._fast_greedy
                 and not runner.spec.logits_last_only):
-            self._proposer: Proposer
-            if options.speculative_mode == "prompt_lookup":
-                self._proposer = PromptLookup(options.speculative_ngram, 16)
-            elif draft_runner is not None:
-                self._proposer = DraftModel(draft_runner)
-            else:
-                raise InvalidOptionError(
-                    "speculative_mode", "'draft_model' needs an engine loaded with a draft "
-                    "model", hint="load the engine with EngineConfig(draft_model=DIR)")
+            self._proposer = make_proposer(options, draft_runner, mtp_head)
+            if isinstance(self._proposer, MtpProposer):
+                self._mtp = self._proposer
             self._k = AdaptiveK(options.num_speculative_tokens, 16)
             self.speculation = SpeculativeStats()
         self.generated = 0
@@ -143,12 +143,15 @@ class TokenSequence:
         budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total)
         k = min(self._k.k, budget - 1)
         history = [*self._context.prompt_ids, *self._context.generated_ids]
+        started = time.perf_counter()
         draft = self._proposer.propose(history, k)
+        self.speculation.propose_s += time.perf_counter() - started
         if not draft:
             return []
         rows = self.runner.forward(np.array([self.pending, *draft], dtype=np.int64),
                                    all_logits=True)
         tokens = verify_greedy(rows, draft)
+        self._track_hidden(len(tokens) - 1)  # the row that chose the new pending token
         self.runner.rewind(len(draft) - (len(tokens) - 1))  # the KV of rejected guesses
         stats = self.speculation
         stats.proposed += len(draft)
@@ -158,8 +161,14 @@ class TokenSequence:
         self._k.update(len(draft), len(tokens) - 1)
         return [self._record(token, None) for token in tokens]
 
+    def _track_hidden(self, row: int) -> None:
+        if self._mtp is not None:
+            rows = self.runner.last_hidden
+            self._mtp.hidden = None if rows is None else np.array(rows[row])
+
     def accept(self, logits: np.ndarray) -> StepOutput:
         """Sample from the logits of the last position fed."""
+        self._track_hidden(-1)
         if self._fast_greedy:
             token, logprob = int(np.argmax(logits)), None
         else:
@@ -189,3 +198,22 @@ class TokenSequence:
         self.pending = None if self.done else token
         return StepOutput(token, logprob, full)
 
+
+def make_proposer(options: GenerateOptions, draft_runner: DecodeRunner | None,
+                  mtp_head: MtpHead | None) -> Proposer:
+    """The proposer `options.speculative_mode` asks for; an error when the engine lacks it."""
+    mode = options.speculative_mode
+    if mode == "prompt_lookup":
+        return PromptLookup(options.speculative_ngram, 16)
+    if mode == "draft_model" and draft_runner is not None:
+        return DraftModel(draft_runner)
+    if mode == "mtp" and mtp_head is not None:
+        return MtpProposer(mtp_head)
+    if mode == "mtp":
+        raise InvalidOptionError(
+            "speculative_mode", "'mtp' needs a model whose inference metadata declares an "
+            "MTP head this engine can run", hint="see README.md, 'Declared speculative "
+            "heads', or use 'prompt_lookup'")
+    raise InvalidOptionError(
+        "speculative_mode", "'draft_model' needs an engine loaded with a draft model",
+        hint="load the engine with EngineConfig(draft_model=DIR)")

@@ -14,7 +14,8 @@ from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.constraint import TokenConstraint, check_constrained_finish
 from engine.decode import DecodeRunner
 from engine.generate import LoopClock, StepOutput, TokenSequence
-from engine.sampling import TokenLogprob
+from engine.mtp import MtpHead
+from engine.sampling import CustomSamplerCall, TokenLogprob
 from engine.stopping import JSON_COMPLETE, FinishReason, StopChecker
 from engine.tokenizer import Tokenizer
 
@@ -25,7 +26,8 @@ class RequestRun:
     def __init__(self, request: GenerateRequest, prompt: list[int], *, runner: DecodeRunner,
                  tokenizer: Tokenizer, eos: tuple[int, ...], max_total: int, chunk_size: int,
                  cached: int, cancel: threading.Event | None, started: float,
-                 dropped: int = 0, draft_runner: DecodeRunner | None = None) -> None:
+                 dropped: int = 0, draft_runner: DecodeRunner | None = None,
+                 mtp_head: MtpHead | None = None) -> None:
         options = request.options
         self.request = request
         self.prompt = prompt
@@ -45,7 +47,10 @@ class RequestRun:
         self.sequence = TokenSequence(
             runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
             stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
-            clock=self.clock, constraint=self._constraint, draft_runner=draft_runner)
+            clock=self.clock, constraint=self._constraint, draft_runner=draft_runner,
+            mtp_head=mtp_head,
+            sampler=None if request.sampler is None else CustomSamplerCall(request.sampler,
+                                                                           prompt))
         #: Every token the model produced, EOS included.
         self.sampled: list[int] = []
         self._logprobs: list[TokenLogprob] = []

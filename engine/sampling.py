@@ -9,13 +9,14 @@ sampling one exp over the vocabulary plus a two-level inverse CDF (no full cumsu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from engine.config import GenerateOptions
+from engine.errors import SamplerError
 from engine.logits import (
     NamedProcessor,
     ProcessorContext,
@@ -29,8 +30,11 @@ from engine.logits import (
 
 __all__ = [
     "CategoricalSampler",
+    "CustomSampler",
+    "CustomSamplerCall",
     "GreedySampler",
     "Sampler",
+    "SamplerContext",
     "TokenLogprob",
     "make_sampler",
     "sample_from_probs",
@@ -122,6 +126,51 @@ class CategoricalSampler:
             raise all_masked_error()
         index = sample_from_probs(shifted_exp(values, top), float(self._rng.random()))
         return index if ids is None else int(ids[index])
+
+
+@dataclass(frozen=True)
+class SamplerContext:
+    """What a custom sampler sees besides the logits."""
+
+    prompt_ids: tuple[int, ...]
+    #: The tokens generated so far in this request.
+    generated_ids: tuple[int, ...]
+    #: 0 for the first generated token, then 1, 2, ...
+    step: int
+
+
+#: A request's own token choice: ``(processed logits, context) -> token id``. It runs
+#: after the processor chain (penalties, bias, masks, temperature, truncation: masked
+#: tokens are -inf) and replaces the built-in sampler; it gets its own copy of the logits.
+CustomSampler = Callable[[np.ndarray, SamplerContext], int]
+
+
+class CustomSamplerCall:
+    """Adapts a :data:`CustomSampler` to the :class:`Sampler` protocol: builds its context,
+    checks what it returns, and turns its failures into :class:`SamplerError`."""
+
+    name: str = "custom"
+
+    def __init__(self, sampler: CustomSampler, prompt_ids: Sequence[int]) -> None:
+        self._sampler = sampler
+        self._prompt = tuple(prompt_ids)
+
+    def __call__(self, logits: np.ndarray, context: ProcessorContext) -> int:
+        step = len(context.generated_ids)
+        seen = SamplerContext(self._prompt, tuple(context.generated_ids), step)
+        try:
+            token = self._sampler(np.array(logits, dtype=np.float32), seen)
+        except Exception as exc:
+            raise SamplerError(
+                f"the custom sampler raised {type(exc).__name__}: {exc} (at step {step})",
+                hint="fix the sampler; the request ended, the engine is unaffected") from exc
+        vocab = logits.shape[-1]
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)) \
+                or not 0 <= int(token) < vocab:
+            raise SamplerError(
+                f"the custom sampler returned {token!r} at step {step}; expected a token id "
+                f"in 0..{vocab - 1}", hint="return an int index into the logits")
+        return int(token)
 
 
 def make_sampler(options: GenerateOptions) -> Sampler:

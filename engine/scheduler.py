@@ -190,7 +190,11 @@ class Scheduler:
             return
         self.batched_steps += 1
         for ticket, run, row in zip(tickets, runs, logits, strict=True):
-            event = run.on_step(run.sequence.accept(row))
+            try:  # a request's own sampler may fail: that request ends, the others go on
+                event = run.on_step(run.sequence.accept(row))
+            except Exception as exc:
+                self._fail(ticket, exc)
+                continue
             if event is not None:
                 ticket.sink(event)
 

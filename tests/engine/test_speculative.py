@@ -1,4 +1,4 @@
-"""Prompt-lookup speculation: several tokens per forward pass, output unchanged."""
+"""Speculation (prompt lookup, draft model): several tokens per forward pass, output unchanged."""
 
 import numpy as np
 import pytest
@@ -18,6 +18,28 @@ def test_prompt_lookup_continues_the_latest_occurrence_of_the_tail():
     assert lookup.propose([4, 5, 6, 5], 2) == [6, 5]  # falls back to a 1-gram
     assert lookup.propose([1, 2, 3], 4) == []
     assert lookup.propose(history, 0) == []
+
+
+def _scan(history, k, ngram=3):
+    """The definition: continue the latest earlier occurrence of the longest tail n-gram."""
+    for n in range(min(ngram, len(history) - 1), 0, -1):
+        tail = history[-n:]
+        for end in range(len(history) - 1, n - 1, -1):
+            if history[end - n:end] == tail:
+                return history[end:end + k]
+    return []
+
+
+def test_the_incremental_index_agrees_with_a_scan_as_histories_grow_or_change():
+    rng = np.random.default_rng(5)
+    lookup = PromptLookup(ngram=3, max_tokens=16)
+    for _ in range(100):
+        history = rng.integers(0, 5, size=int(rng.integers(1, 6))).tolist()
+        for _ in range(30):  # a growing history, indexed incrementally
+            assert lookup.propose(history, 4) == _scan(history, 4)
+            history = history + rng.integers(0, 5, size=int(rng.integers(1, 4))).tolist()
+        other = rng.integers(0, 5, size=25).tolist()  # not an extension: re-indexed
+        assert lookup.propose(other, 4) == _scan(other, 4)
 
 
 def test_prompt_lookup_validates_its_settings():
@@ -46,11 +68,33 @@ def test_adaptive_k_shrinks_on_misses_and_grows_on_hits():
     assert k.k == 2
 
 
-@pytest.fixture(scope="module", params=["genai", "optimum", "static"])
-def engine(request, genai_model_dir, optimum_model_dir, static_model_dir):
+@pytest.fixture(scope="module")
+def int4_draft(genai_model_dir, tmp_path_factory):
+    """The target's own weights in int4: a draft that is right often, not always."""
+    from tests.forge import quantize_int4
+
+    return quantize_int4(genai_model_dir, tmp_path_factory.mktemp("int4-draft"), block_size=32)
+
+
+@pytest.fixture(scope="module")
+def recompute_model_dir(tmp_path_factory, forge_spec):
+    from tests.forge import write_optimum_model
+
+    return write_optimum_model(tmp_path_factory.mktemp("forge-nokv"), forge_spec, kv_cache=False)
+
+
+@pytest.fixture(scope="module", params=["genai", "optimum", "static", "recompute"])
+def engine(request, genai_model_dir, optimum_model_dir, static_model_dir, recompute_model_dir,
+           int4_draft):
+    """Every runner layout (shared buffer, growing, static cache, recompute), fp32, with a
+    draft model loaded."""
     folder = {"genai": genai_model_dir, "optimum": optimum_model_dir,
-              "static": static_model_dir}[request.param]
-    return Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False))
+              "static": static_model_dir, "recompute": recompute_model_dir}[request.param]
+    engine = Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False,
+                                              draft_model=str(int4_draft)))
+    assert engine.decode_path == {"genai": "shared_buffer", "optimum": "growing",
+                                  "static": "static_cache"}.get(request.param, "recompute")
+    return engine
 
 
 def _run(engine, prompt, mode, n=14, **kw):
@@ -70,6 +114,36 @@ def test_speculation_gives_the_same_tokens_with_fewer_forward_passes(engine):
     for prompt in ([5, 17, 42, 99, 7, 300, 12], [3, 9] * 10):
         assert _run(engine, prompt, "prompt_lookup").token_ids == \
             _run(engine, prompt, "none").token_ids
+
+
+def _seeded_prompts(engine, count=50):
+    """Random text q, then q's own greedy continuation g, then q again: the answer tends
+    to repeat g (an edit in miniature), so guesses are right sometimes, wrong sometimes."""
+    rng = np.random.default_rng(2024)
+    for _ in range(count):
+        q = rng.integers(1, 512, size=int(rng.integers(3, 10))).tolist()
+        yield [*q, *_run(engine, q, "none", n=12).token_ids, *q]
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft_model"])
+def test_fifty_seeded_prompts_are_token_identical_and_rewinds_leave_no_trace(engine, mode):
+    proposed = accepted = 0
+    for prompt in _seeded_prompts(engine):
+        plain = _run(engine, prompt, "none", n=16)
+        runner = engine.runner
+        plain_kv = runner.export_kv(0, runner.length) if runner.transfers_kv else []
+        fast = _run(engine, prompt, mode, n=16)
+        assert fast.token_ids == plain.token_ids, prompt
+        # no trace of rejected guesses: exactly the KV of prompt + answer (last one unfed)
+        assert runner.tokens == [*prompt, *fast.token_ids[:-1]]
+        assert runner.length == len(runner.tokens)
+        if runner.transfers_kv:
+            for before, after in zip(plain_kv, runner.export_kv(0, runner.length), strict=True):
+                np.testing.assert_allclose(after, before, rtol=0, atol=1e-5)
+        assert fast.speculation is not None
+        proposed += fast.speculation.proposed
+        accepted += fast.speculation.accepted
+    assert 0 < accepted < proposed  # guesses were both kept and rewound
 
 
 def test_speculation_steps_aside_where_it_could_change_the_output(engine):

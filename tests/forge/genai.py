@@ -19,6 +19,7 @@ from tests.forge.common import (
     MS_DOMAIN,
     RMS_EPS,
     ForgeSpec,
+    ForgeWeights,
     Graph,
     make_weights,
     rope_tables,
@@ -55,8 +56,13 @@ def _skip_norm(g: Graph, residual: str, x: str, weight: str) -> tuple[str, str]:
     return outs[0], outs[3]
 
 
-def build_genai_graph(spec: ForgeSpec, *, prune_lm_head: bool = False) -> Graph:
-    w = make_weights(spec)
+def build_genai_graph(
+    spec: ForgeSpec, *, prune_lm_head: bool = False, weights: ForgeWeights | None = None,
+    hidden_output: str | None = None,
+) -> Graph:
+    """The decoder graph with ``weights`` (trained ones), else ``make_weights(spec)``;
+    ``hidden_output`` also outputs the final normed hidden state under that name."""
+    w = weights if weights is not None else make_weights(spec)
     g = Graph("forge_genai")
     seqlens, total_len = _mask_subgraph(g)
     cos, sin = rope_tables(spec, spec.context)
@@ -106,6 +112,8 @@ def build_genai_graph(spec: ForgeSpec, *, prune_lm_head: bool = False) -> Graph:
         mlp_out = g.op("MatMul", act, g.init(f"{p}.mlp.down_proj.MatMul.weight", lw.down_w))
     final_w = g.init(f"model.layers.{spec.layers}.final_norm_layernorm.weight", w.final_norm)
     h, _ = _skip_norm(g, residual, mlp_out, final_w)
+    if hidden_output:
+        g.op("Identity", h, out=hidden_output)
     if prune_lm_head:
         h = g.op("Slice", h, g.i64(-1), g.i64(np.iinfo(np.int64).max), g.i64(1))
     g.op("MatMul", h, g.init("lm_head.MatMul.weight", w.lm_head), out="logits")
@@ -194,13 +202,26 @@ def write_genai_model(
     external_data: bool = True,
     prune_lm_head: bool = False,
     tokenizer_vocab: int | None = None,
+    weights: ForgeWeights | None = None,
+    write_tokenizer: bool = True,
+    hidden_output: str | None = None,
 ) -> Path:
-    """Write an onnxruntime-genai model folder (model, genai_config.json, tokenizer)."""
+    """Write an onnxruntime-genai model folder (model, genai_config.json, tokenizer).
+
+    ``weights`` replaces the forged weights (shapes must match ``spec``);
+    ``write_tokenizer=False`` leaves the tokenizer files to the caller; ``hidden_output``
+    names an extra output, the final normed hidden state ``[batch, seq, hidden]``.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs, outputs = _io(spec, prune_lm_head)
-    graph = build_genai_graph(spec, prune_lm_head=prune_lm_head)
+    if hidden_output:
+        outputs.append(tensor_info(hidden_output, TensorProto.FLOAT,
+                                   ["batch_size", "sequence_length", spec.hidden]))
+    graph = build_genai_graph(spec, prune_lm_head=prune_lm_head, weights=weights,
+                              hidden_output=hidden_output)
     graph.save(out_dir / "model.onnx", inputs, outputs, external_data=external_data, ms_domain=True)
     (out_dir / "genai_config.json").write_text(json.dumps(genai_config(spec), indent=4) + "\n")
-    write_tokenizer_for(out_dir, spec, tokenizer_vocab)
+    if write_tokenizer:
+        write_tokenizer_for(out_dir, spec, tokenizer_vocab)
     return out_dir

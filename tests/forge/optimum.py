@@ -7,6 +7,7 @@ Mirrors the I/O of optimum's ``text-generation-with-past`` export
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -55,7 +56,12 @@ def _allowed_mask(g: Graph) -> str:
     return g.op("And", causal, valid)
 
 
-def build_optimum_graph(spec: ForgeSpec) -> Graph:
+def build_optimum_graph(spec: ForgeSpec, taps: Mapping[int, str] | None = None, *,
+                        kv_cache: bool = True) -> Graph:
+    """The decoder graph; `taps` names extra tensors to expose: layer i's residual stream
+    after the layer, or -1 for the final normed hidden state (what the LM head reads).
+    Without `kv_cache` there are no past/present tensors: every step reruns the sequence."""
+    taps = taps or {}
     w = make_weights(spec)
     g = Graph("forge_optimum")
     cos_t, sin_t = rope_tables(spec, spec.context)
@@ -68,14 +74,21 @@ def build_optimum_graph(spec: ForgeSpec) -> Graph:
         h = rms_norm(g, x, g.init(f"{p}.input_layernorm.weight", lw.input_norm))
         q, k, v = qkv_heads(g, spec, h, p, lw)
         q, k = apply_rope(g, q, cos, sin), apply_rope(g, k, cos, sin)
-        keys = g.op("Concat", f"past_key_values.{i}.key", k, axis=2, out=f"present.{i}.key")
-        values = g.op("Concat", f"past_key_values.{i}.value", v, axis=2, out=f"present.{i}.value")
+        keys, values = k, v
+        if kv_cache:
+            keys = g.op("Concat", f"past_key_values.{i}.key", k, axis=2, out=f"present.{i}.key")
+            values = g.op("Concat", f"past_key_values.{i}.value", v, axis=2,
+                          out=f"present.{i}.value")
         ctx = grouped_attention(g, spec, q, keys, values, allowed)
         o_w = g.init(f"{p}.self_attn.o_proj.weight", lw.o_w)
         x = g.op("Add", x, g.op("MatMul", ctx, o_w))
         h = rms_norm(g, x, g.init(f"{p}.post_attention_layernorm.weight", lw.post_norm))
         x = g.op("Add", x, swiglu(g, h, p, lw))
+        if i in taps:
+            g.op("Identity", x, out=taps[i])
     h = rms_norm(g, x, g.init("model.norm.weight", w.final_norm))
+    if -1 in taps:
+        g.op("Identity", h, out=taps[-1])
     g.op("MatMul", h, g.init("lm_head.weight", w.lm_head), out="logits")
     return g
 
@@ -83,7 +96,7 @@ def build_optimum_graph(spec: ForgeSpec) -> Graph:
 ValueInfo = onnx.ValueInfoProto
 
 
-def _io(spec: ForgeSpec) -> tuple[list[ValueInfo], list[ValueInfo]]:
+def _io(spec: ForgeSpec, kv_cache: bool = True) -> tuple[list[ValueInfo], list[ValueInfo]]:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [
         tensor_info("input_ids", i64, ["batch_size", "sequence_length"]),
@@ -91,7 +104,7 @@ def _io(spec: ForgeSpec) -> tuple[list[ValueInfo], list[ValueInfo]]:
         tensor_info("position_ids", i64, ["batch_size", "sequence_length"]),
     ]
     outputs = [tensor_info("logits", f32, ["batch_size", "sequence_length", spec.vocab])]
-    for i in range(spec.layers):
+    for i in range(spec.layers if kv_cache else 0):
         for kind in ("key", "value"):
             past: list[int | str] = ["batch_size", spec.kv_heads, "past_sequence_length", spec.hd]
             inputs.append(tensor_info(f"past_key_values.{i}.{kind}", f32, past))
@@ -131,12 +144,15 @@ def write_optimum_model(
     *,
     external_data: bool = False,
     tokenizer_vocab: int | None = None,
+    kv_cache: bool = True,
 ) -> Path:
-    """Write an optimum-style folder: model.onnx, config.json, generation_config.json, tokenizer."""
+    """Write an optimum-style folder: model.onnx, config.json, generation_config.json, tokenizer.
+
+    Without `kv_cache` the graph has no past/present KV (the engine's recompute path)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    inputs, outputs = _io(spec)
-    build_optimum_graph(spec).save(
+    inputs, outputs = _io(spec, kv_cache)
+    build_optimum_graph(spec, kv_cache=kv_cache).save(
         out_dir / "model.onnx", inputs, outputs, external_data=external_data
     )
     (out_dir / "config.json").write_text(json.dumps(hf_config(spec), indent=2) + "\n")

@@ -51,7 +51,7 @@ def _scatter_indices(g: Graph, spec: ForgeSpec) -> str:
     return g.op("Unsqueeze", g.op("Concat", *parts, axis=-1), g.i64(0))
 
 
-def build_static_graph(spec: ForgeSpec, max_len: int) -> Graph:
+def build_static_graph(spec: ForgeSpec, max_len: int, hidden_output: str | None = None) -> Graph:
     w = make_weights(spec)
     g = Graph("forge_static")
     cos_t, sin_t = rope_tables(spec, max_len)
@@ -72,6 +72,8 @@ def build_static_graph(spec: ForgeSpec, max_len: int) -> Graph:
         h = rms_norm(g, x, g.init(f"{p}.post_attention_layernorm.weight", lw.post_norm))
         x = g.op("Add", x, swiglu(g, h, p, lw))
     h = rms_norm(g, x, g.init("model.norm.weight", w.final_norm))
+    if hidden_output:
+        g.op("Identity", h, out=hidden_output)
     g.op("MatMul", h, g.init("lm_head.weight", w.lm_head), out="logits")
     return g
 
@@ -123,14 +125,19 @@ def write_static_model(
     max_len: int = 64,
     external_data: bool = False,
     tokenizer_vocab: int | None = None,
+    hidden_output: str | None = None,
 ) -> Path:
-    """Write a static-cache folder (model.onnx, inference_metadata.yaml, tokenizer)."""
+    """Write a static-cache folder (model.onnx, inference_metadata.yaml, tokenizer);
+    ``hidden_output`` names an extra output, the final normed hidden state."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs, outputs = _io(spec, max_len)
-    graph = build_static_graph(spec, max_len)
+    if hidden_output:
+        outputs.append(tensor_info(hidden_output, TensorProto.FLOAT,
+                                   [1, "sequence_length", spec.hidden]))
+    graph = build_static_graph(spec, max_len, hidden_output)
     graph.save(out_dir / "model.onnx", inputs, outputs, external_data=external_data)
     (out_dir / "inference_metadata.yaml").write_text(inference_metadata(spec, max_len))
     write_tokenizer_for(out_dir, spec, tokenizer_vocab)
