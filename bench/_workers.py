@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -97,6 +98,9 @@ def run_og(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
     config = og.Config(str(model))
     overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
     config.overlay(json.dumps(overlay))
+    if os.environ.get("ONNX_GENAI_BACKEND", "").strip().lower() == "cuda":
+        config.clear_providers()  # the GPU check (tools/gpu_check.sh) compares on CUDA
+        config.append_provider("cuda")
     og_model = og.Model(config)
     load_ms = (time.perf_counter() - t0) * 1e3
 

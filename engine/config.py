@@ -245,6 +245,12 @@ class EngineConfig:
     max_batch: int = 4
     #: Tiered KV store for prefixes across requests and restarts; off unless given.
     kv_store: KVStoreConfig | None = None
+    #: KV, inputs and logits as device OrtValues, greedy argmax on the device: None = on
+    #: CUDA (shared-buffer graphs), True = also on the CPU (the same code path), False = off.
+    device_kv: bool | None = None
+    #: CUDA graph capture of decode steps: None = ONNX_GENAI_CUDA_GRAPH (default off).
+    #: Declined, with the reason in describe(), unless the graph is structurally safe.
+    cuda_graph: bool | None = None
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.errors import ContextOverflowError
 from engine.io_spec import IOSpec
+
+if TYPE_CHECKING:
+    from engine.decode_device import DeviceOptions
 
 
 def bind_array(binding: Any, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -98,6 +101,11 @@ class DecodeRunner(ABC):
         if rows.dtype != np.float32:
             rows = rows.astype(np.float32)
         return rows if all_logits else rows[-1]
+
+    def forward_greedy(self, token_ids: np.ndarray) -> int:
+        """`forward`, then the argmax of the last position (ties: the lowest id). Runners
+        that keep logits on a device override it so only the token id crosses."""
+        return int(np.argmax(self.forward(token_ids)))
 
     def rewind(self, n: int) -> None:
         """Forget the last `n` tokens."""
@@ -315,9 +323,15 @@ class RecomputeRunner(DecodeRunner):
 
 
 def runner_factory(session: Any, spec: IOSpec, context_length: int,
-                   max_runners: int) -> Callable[[], DecodeRunner]:
+                   max_runners: int, device: DeviceOptions | None = None
+                   ) -> Callable[[], DecodeRunner]:
     """A maker of up to `max_runners` runners on one session. Shared-buffer runners are rows
-    of one KV bank, so their decode steps can run as one batch."""
+    of one KV bank, so their decode steps can run as one batch; with `device` they are
+    single sequences whose KV stays on that device (engine.decode_device)."""
+    if spec.decode_path == "shared_buffer" and device is not None:
+        from engine.decode_device import DeviceRunner
+
+        return lambda: DeviceRunner(session, spec, context_length, device)
     if spec.decode_path == "shared_buffer":
         from engine.decode_gqa import KVBank
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.cuda_graph import structural_declines
 from engine.fim import detect_fim_family
 from engine.io_spec import resolve_io
 from engine.model_dir import load_model_dir
@@ -17,6 +18,7 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
                       has_gqa=model.graph.has_gqa, source=model.format)
     tokenizer = Tokenizer.from_dir(model.path)
     fim = detect_fim_family(tokenizer)
+    declines = structural_declines(model.model_file, spec.decode_path)
     eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
     heads = sorted({p.num_heads for p in spec.kv_pairs})
     dims = sorted({p.head_dim for p in spec.kv_pairs})
@@ -43,5 +45,6 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         "weights_bytes": model.weights_bytes,
         "external_data": [e.path.name for e in model.graph.external_data],
         "top_level_control_flow": model.graph.top_level_control_flow,
+        "cuda_graph_safety": {"safe": not declines, "reasons": declines},
         "warnings": list(model.warnings) + list(spec.convention_warnings),
     }

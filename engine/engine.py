@@ -20,6 +20,13 @@ import numpy as np
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.capacity import default_providers
 from engine.config import EngineConfig, GenerateOptions
+from engine.cuda_graph import (
+    NOT_REQUESTED,
+    GraphCapture,
+    describe_device,
+    device_options,
+    open_session,
+)
 from engine.decode import DecodeRunner, runner_factory
 from engine.decode_gqa import SharedBufferRunner
 from engine.errors import (
@@ -50,6 +57,7 @@ from engine.limits import parse_limit
 from engine.model_dir import ModelDir, load_model_dir
 from engine.mtp import MtpHead
 from engine.placement import plan_placement
+from engine.pressure import apply_limit, ensure_room, page_admitter
 from engine.request import RequestRun
 from engine.runtime import SessionInfo, available_providers, make_session, provider_from_env
 from engine.sessions import Session, SessionStore
@@ -74,8 +82,11 @@ class Engine:
     """One model, one ORT session, one KV runner. Not thread-safe: one engine thread."""
 
     def __init__(self, model: ModelDir, tokenizer: Tokenizer, session: Any,
-                 session_info: SessionInfo, spec: IOSpec, config: EngineConfig) -> None:
+                 session_info: SessionInfo, spec: IOSpec, config: EngineConfig, *,
+                 graph_capture: GraphCapture = NOT_REQUESTED) -> None:
         self.model = model
+        #: CUDA graph capture: asked for, on, and why not (engine.cuda_graph).
+        self.graph_capture = graph_capture
         self.tokenizer = tokenizer
         self.session = session
         self.session_info = session_info
@@ -93,8 +104,10 @@ class Engine:
         self.mtp_head: MtpHead | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
-        self._new_runner = runner_factory(session, spec, self.context_length,
-                                          config.max_batch)
+        self._new_runner = runner_factory(
+            session, spec, self.context_length, config.max_batch,
+            device_options(config.device_kv, session_info.provider, spec.decode_path,
+                           graph_capture))
         #: One runner per concurrently running sequence; runner 0 serves `stream`.
         self.runners: list[DecodeRunner] = [self._new_runner()]
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
@@ -107,8 +120,7 @@ class Engine:
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
         self.governor = self._make_governor(page_bytes)
-        kv_tier = self.governor.kv_tier
-        self.pool.admit = lambda nbytes: self.governor.can_allocate(kv_tier, nbytes)
+        self.pool.admit = page_admitter(self)
         self.kv_tiers: KVTiers | None = None
         if config.kv_store is not None and self.runner.transfers_kv:
             kv_dtype = spec.kv_pairs[0].dtype
@@ -147,9 +159,9 @@ class Engine:
             parse_limit(config.vram_limit, field="vram_limit"))
         if placement.reason:
             log.warning("%s", placement.reason)
-        session, info = make_session(model.model_file, config, provider=placement.provider,
-                                     provider_options=placement.provider_options)
-        engine = cls(model, tokenizer, session, info, spec, config)
+        session, info, capture = open_session(model.model_file, config, placement,
+                                              spec.decode_path)
+        engine = cls(model, tokenizer, session, info, spec, config, graph_capture=capture)
         engine.placement_reason = placement.reason
         engine.declared_head = head
         if head is not None and head.executable:
@@ -305,9 +317,10 @@ class Engine:
                   runner: DecodeRunner | None = None, dropped: int = 0) -> RequestRun:
         """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
         runner = runner or self.runner
-        cached = self.reuse.prepare(runner, prompt, session)
         total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
-        self._ensure_room(runner.growth_bytes(total))
+        ensure_room(self, runner, total)  # before reuse imports KV, and after it cached pages
+        cached = self.reuse.prepare(runner, prompt, session)
+        ensure_room(self, runner, total)
         run = RequestRun(request, prompt, runner=runner, tokenizer=self.tokenizer,
                          dropped=dropped, draft_runner=self.draft_runner,
                          mtp_head=self.mtp_head,
@@ -341,47 +354,17 @@ class Engine:
     def _report_kv(self) -> None:
         self.governor.report(self.governor.kv_tier, kv_bytes=self.kv_bytes())
 
-    def _ensure_room(self, needed: int) -> None:
-        """Make room for `needed` KV bytes: evict cached pages, else refuse with numbers."""
-        tier = self.governor.kv_tier
-        if needed <= 0 or self.governor.can_allocate(tier, needed):
-            return
-        if self.prefix_cache is not None:
-            self.prefix_cache.evict(self.prefix_cache.idle_pages)
-            self._report_kv()
-        if not self.governor.can_allocate(tier, needed):
-            raise self.governor.no_room_error(tier, needed)
-
     def resource_snapshot(self) -> GovernorSnapshot:
         self._report_kv()
         return self.governor.snapshot()
 
     def set_limit(self, tier: str, value: str) -> LimitOutcome:
-        """Change a memory limit now (engine thread). Going below what is held frees, in
-        order: idle prefix-cache pages, idle sessions' KV (their history stays and is
-        recomputed next turn), idle runner buffers. Running requests keep going."""
-        self._report_kv()
-        change = self.governor.set_limit(tier, value)
-        before, pages, spilled = self.kv_bytes(), 0, 0
-
-        def short() -> bool:  # freed less than the change asks for
-            return before - self.kv_bytes() < change.excess_bytes
-
-        if change.excess_bytes > 0 and self.prefix_cache is not None:
-            page_bytes = max(self.pool.geometry.page_bytes(self.pool.page_size), 1)
-            pages = self.prefix_cache.evict(-(-change.excess_bytes // page_bytes))
-        for session in self.sessions.idle():
-            if not short():
-                break
-            self.sessions.drop_kv(session)
-            spilled += 1
-        if short():
-            for bank in {r.bank for r in self.runners if isinstance(r, SharedBufferRunner)}:
-                bank.shrink()
-        self._report_kv()
-        return LimitOutcome(change, bytes_freed=before - self.kv_bytes(), pages_evicted=pages,
-                            sessions_spilled=spilled,
-                            still_over=self.governor.over_limit(change.tier) > 0)
+        """Change a memory limit now (engine thread, between scheduler steps). Going below
+        what is held evicts cached pages, spills idle sessions, then preempts less urgent
+        requests (swap-style, resumed token-identical); in-progress work is never dropped:
+        a request that alone exceeds the limit keeps running and the outcome says
+        `still_over`, with the numbers. See `engine.pressure`."""
+        return apply_limit(self, self._scheduler, tier, value)
 
     # --- KV reuse ---------------------------------------------------------------------
 
@@ -454,6 +437,7 @@ class Engine:
                 "placement_reason": self.placement_reason,
                 "threads": self.session_info.threads, "decode_path": self.decode_path,
                 "context_length": self.context_length,
+                **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe()}
 

@@ -136,7 +136,10 @@ class TokenSequence:
                 return steps
             self.speculation.forwards += 1  # nothing to guess: a plain step
             self.speculation.tokens += 1
-        return [self.accept(self.runner.forward(np.array([self.pending], dtype=np.int64)))]
+        step = np.array([self.pending], dtype=np.int64)
+        if self._fast_greedy and self._mtp is None:  # the argmax may stay on the device
+            return [self._record(self.runner.forward_greedy(step), None)]
+        return [self.accept(self.runner.forward(step))]
 
     def _speculate(self) -> list[StepOutput]:
         assert self.pending is not None and self.speculation is not None

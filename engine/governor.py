@@ -149,6 +149,8 @@ class LimitOutcome:
     sessions_spilled: int = 0
     requests_preempted: int = 0
     still_over: bool = False
+    #: When still over: by how much, and why (in numbers); empty otherwise.
+    detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -220,16 +222,26 @@ class Governor:
         self._lock = threading.RLock()
         self.runtime_override = runtime_override
         self.kv_tier = tier_name(kv_tier)
-        self._providers: dict[str, CapacityProvider] = {
-            "vram": providers.vram, "host_ram": providers.host_ram,
-            "disk": providers.disk or UnknownCapacity("disk", "no spill directory")}
+        self._providers: dict[str, CapacityProvider] = {}
         self._limits: dict[str, Limit | None] = {
             "vram": limits.vram, "host_ram": limits.host_ram, "disk": limits.disk}
         self._resolved: dict[str, ResolvedLimit] = {}
         self._usage: dict[str, _Usage] = {t: _Usage() for t in TIERS}
         self._pages: tuple[int, int] | None = None
-        for t in TIERS:
-            self._resolve(t)
+        self.use_providers(providers)
+
+    def use_providers(self, providers: CapacityProviders) -> None:
+        """Measure capacity with `providers` from now on and resolve the limits again.
+
+        Tests give `FixedCapacity` numbers without `process_used`, so room is exactly
+        limit - (weights + KV + overhead the engine reported) and the KV budget binds.
+        """
+        with self._lock:
+            self._providers = {
+                "vram": providers.vram, "host_ram": providers.host_ram,
+                "disk": providers.disk or UnknownCapacity("disk", "no spill directory")}
+            for t in TIERS:
+                self._resolve(t)
 
     def _resolve(self, tier: str) -> None:
         limit = self._limits[tier]

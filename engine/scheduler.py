@@ -31,6 +31,7 @@ from engine.engine import Engine
 from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
 from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
 from engine.kv_reuse import common_prefix_len
+from engine.pressure import make_room, relieve
 from engine.request import RequestRun
 from engine.sessions import Session
 from engine.stopping import FinishReason
@@ -78,6 +79,8 @@ class Scheduler:
         self.batched_steps = 0
         self.waited_for_memory = 0
         self._wake = threading.Event()
+        if engine._scheduler is None:  # a live limit change preempts this one's requests
+            engine._scheduler = self
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class Scheduler:
         for index, ticket in list(self.active.items()):
             if ticket.run is not None and ticket.run.finished:
                 self._complete(index, ticket)
+        relieve(self.engine, self)  # a lone request that ran over the limit has ended
         return True
 
     def _advance(self, ticket: Ticket) -> None:
@@ -320,37 +324,80 @@ class Scheduler:
             return False
         return True
 
-    def _preempt(self, index: int, ticket: Ticket) -> None:
-        """Swap a running request out: its KV goes to pages, its runner is freed."""
+    def _preempt(self, index: int, ticket: Ticket,
+                 release: Callable[[], None] | None = None) -> None:
+        """Swap a running request out: its KV goes to pages, its runner is freed. Under
+        memory pressure (`release` frees the runner's buffers first) complete chunks also
+        go to the tiered store; without room for pages the KV comes back from the store or
+        is recomputed from the kept tokens."""
         run = ticket.run
         assert run is not None
         runner = run.runner
         del self.active[index]
+        rows = runner.export_kv(0, runner.length)
+        ticket.extra["parked_tokens"] = list(runner.tokens)
+        if release is not None:
+            self.engine.reuse.store(runner)
+            runner.reset()
+            release()
         table = PageTable()
         try:
-            append_rows(self.engine.pool, table, runner.export_kv(0, runner.length),
-                        self.engine.prefix_cache)
+            append_rows(self.engine.pool, table, rows, self.engine.prefix_cache)
             ticket.parked = table
         except NoRoomError:
             truncate_table(self.engine.pool, table, 0, self.engine.prefix_cache)
-            ticket.parked = None  # resumes by recomputing the same tokens
-        ticket.extra["parked_tokens"] = list(runner.tokens)
+            ticket.parked = None  # resumes from the tiered store or by recomputing
         ticket.preemptions += 1
         self.preempted_total += 1
         self.waiting.append(ticket)
 
+    def preempt_for_memory(self, over: Callable[[], bool], release: Callable[[], None]) -> int:
+        """Preempt running requests, least urgent (then newest) first, while `over()`;
+        `release` frees the buffers a preempted request held. The most urgent running
+        request is never preempted. Returns how many were preempted."""
+        count = 0
+        while len(self.active) > 1 and over():
+            index, ticket = max(self.active.items(), key=lambda kv: kv[1].rank)
+            self._preempt(index, ticket, release)
+            count += 1
+        return count
+
+    def release_parked_kv(self) -> int:
+        """Release the pages of waiting preempted requests (they resume from the tiered
+        store or by recomputing their kept tokens); returns how many were released."""
+        parked = [t for t in self.waiting if t.parked is not None]
+        for ticket in parked:
+            self._release_parked(ticket)
+        return len(parked)
+
     def _resume(self, ticket: Ticket, runner: DecodeRunner) -> None:
+        """Bring a preempted run back on `runner`. While others run, it waits (raises
+        ResourceLimitError) until its KV fits the budget; alone, it always resumes."""
         run = ticket.run
         assert run is not None
-        tokens: list[int] = ticket.extra.pop("parked_tokens")  # type: ignore[assignment]
+        tokens: list[int] = ticket.extra["parked_tokens"]  # type: ignore[assignment]
+        options = run.request.options
+        total = max(len(tokens), min(self.engine.max_total(options),
+                                     len(run.prompt) + options.max_new_tokens))
         runner.reset()
-        runner.reserve(len(tokens) + run.request.options.max_new_tokens)
-        if ticket.parked is not None:
+        if not make_room(self.engine, self, runner, total):
+            if self.active:  # wait for room
+                raise self.engine.governor.no_room_error(self.engine.governor.kv_tier,
+                                                         runner.growth_bytes(total))
+            self._release_parked(ticket)  # alone: it runs, its own pages go first
+        del ticket.extra["parked_tokens"]
+        runner.reserve(total)
+        at = 0
+        if ticket.parked is not None and tokens:
             rows = read_rows(self.engine.pool, ticket.parked, 0, len(tokens))
             runner.import_kv(rows, 0, tokens)
-            self._release_parked(ticket)
-        elif tokens:
-            runner.forward(np.asarray(tokens, dtype=np.int64))
+            at = len(tokens)
+        elif self.engine.kv_tiers is not None and tokens:
+            keys = self.engine.kv_tiers.available(tokens, len(tokens))
+            at = self.engine.kv_tiers.fetch_into(runner, tokens, keys, 0)
+        self._release_parked(ticket)
+        if at < len(tokens):
+            runner.forward(np.asarray(tokens[at:], dtype=np.int64))
         run.runner = runner
         run.sequence.runner = runner
 

@@ -135,3 +135,85 @@ def test_a_spilled_session_resumes_from_the_disk_tier(wide_kv_model, tmp_path):
     history = list(range(20, 70)) + list(first.token_ids) + [7, 8]
     assert second.prefix_cache_hit_len >= 48  # ...and its KV came back from disk
     assert second.token_ids == solo.generate(_req(6, tuple(history))).token_ids
+
+
+def _fixed_ram(engine, total=64 << 30):
+    """Capacity as fixed numbers, without the process's RSS: room is exactly the limit
+    minus what the engine reported (weights + KV), so the KV budget binds."""
+    from engine.capacity import CapacityProviders, FixedCapacity, UnknownCapacity
+
+    engine.governor.use_providers(CapacityProviders(
+        vram=UnknownCapacity("VRAM", "cpu"), host_ram=FixedCapacity(total, 0)))
+
+
+def _solo_ids(folder, request):
+    solo = Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False))
+    return solo.generate(request).token_ids
+
+
+@pytest.mark.parametrize("spill", ["recompute", "kv_store"])
+def test_lowering_the_limit_to_half_preempts_the_low_priority_request(wide_kv_model, spill,
+                                                                      tmp_path):
+    """Two requests of different priorities; the limit drops to half of what is in use:
+    the low-priority one is swapped out (its KV to the tiered store when there is one, else
+    recomputed from its kept tokens), waits for room, and both match their solo runs."""
+    from engine.config import KVStoreConfig
+
+    long_low, short_high = _req(300, (5, 6, 7, 8)), _req(40, (9, 10, 11))
+    expected = [_solo_ids(wide_kv_model, r) for r in (long_low, short_high)]
+    store = KVStoreConfig(chunk_tokens=4, disk_dir=str(tmp_path / "kv"), ram_bytes=0)
+    engine = Engine.load(wide_kv_model, EngineConfig(
+        intra_op_threads=1, max_batch=2, kv_store=store if spill == "kv_store" else None))
+    _fixed_ram(engine)
+    scheduler = Scheduler(engine)
+    low: list = []
+    high: list = []
+    scheduler.submit(long_low, low.append, priority="low")
+    scheduler.submit(short_high, high.append, priority="high")
+    for _ in range(12):
+        scheduler.step()
+    assert len(scheduler.active) == 2  # both generate
+    held = engine.kv_bytes()
+    snap = engine.resource_snapshot().host_ram
+    assert snap is not None
+    use = snap.weights_bytes + held
+    outcome = engine.set_limit("host_ram", f"{use // 2}B")  # half of what is in use
+    assert outcome.change.excess_bytes > 0
+    assert outcome.requests_preempted == 1 and not outcome.still_over, outcome
+    assert outcome.bytes_freed >= outcome.change.excess_bytes
+    assert engine.kv_bytes() <= use // 2 - snap.weights_bytes
+    assert [t.priority for t in scheduler.active.values()] == ["high"]
+    if engine.kv_tiers is not None:  # the swapped-out KV went to the disk tier
+        assert engine.kv_tiers.store.stats()["disk_entries"] >= 3
+    peak = 0
+    while scheduler.step():
+        if len(scheduler.active) > 1 or high[-1].result is None:
+            peak = max(peak, engine.kv_bytes())
+    assert peak <= use // 2 - snap.weights_bytes  # under the limit while both are alive
+    assert scheduler.waited_for_memory > 0  # the preempted one waited for room
+    assert high[-1].result.token_ids == expected[1]
+    assert low[-1].result.token_ids == expected[0]  # resumed, token-identical
+    if engine.kv_tiers is not None:  # it resumed from the store, not by recomputing
+        assert engine.kv_tiers.store.stats()["disk_hits"] >= 3
+
+
+def test_a_single_request_over_the_new_limit_keeps_running(wide_kv_model):
+    request = _req(200)
+    expected = _solo_ids(wide_kv_model, request)
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
+    _fixed_ram(engine)
+    scheduler = Scheduler(engine)
+    events: list = []
+    scheduler.submit(request, events.append, priority="low")
+    for _ in range(10):
+        scheduler.step()
+    snap = engine.resource_snapshot().host_ram
+    assert snap is not None
+    limit = snap.weights_bytes + engine.kv_bytes() // 4  # above the weights, below its KV
+    outcome = engine.set_limit("host_ram", f"{limit}B")
+    assert outcome.requests_preempted == 0  # the only request is never preempted
+    assert outcome.still_over and "over the limit" in outcome.detail
+    assert "MiB" in outcome.detail or "KiB" in outcome.detail
+    while scheduler.step():
+        pass
+    assert events[-1].result.token_ids == expected  # nothing in progress was lost

@@ -100,7 +100,8 @@ def test_a_full_queue_refuses_with_retry_after_and_stop_cancels_waiting_jobs():
             worker.submit(blocking)
         assert info.value.retry_after_s >= 1
         stopper = asyncio.get_running_loop().run_in_executor(None, worker.stop, 5.0)
-        await asyncio.sleep(0.05)
+        while not worker._stopping:  # stop() has begun (a fixed sleep loses under load)
+            await asyncio.sleep(0.001)
         gate.set()
         await stopper
         assert [i async for i in first] == [0]
