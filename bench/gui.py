@@ -80,6 +80,11 @@ def stall_probe(model: str, tokens: int) -> dict[str, Any]:
         app.processEvents()
         time.sleep(0.005)
     chat: Any = window.show_view("chat")
+    # exactly `tokens` tokens: the special tokens (ids 0-8 in our models: end of text,
+    # end of turn, FIM markers) are barred
+    barred = {str(i): -100 for i in range(9)}
+    chat.settings.sampling = lambda: {"temperature": 0.0, "max_tokens": tokens,
+                                      "logit_bias": barred}
     clock = QElapsedTimer()
     late: list[float] = []
     last = [0.0]
