@@ -78,9 +78,11 @@ def main() -> int:
     for name, key in shots.items():
         view: Any = window.show_view(key or name)
         if name == "code":
-            view.editor.setPlainText("def mean(values):\n    total = 0\n    for i in range(")
+            before = "def mean(values):\n    total = 0\n    for i in range("
+            after = ":\n        total += values[i]\n    return total / len(values)\n"
+            view.editor.setPlainText(before + after)
             cursor = view.editor.textCursor()
-            cursor.movePosition(cursor.MoveOperation.End)
+            cursor.setPosition(len(before))
             view.editor.setTextCursor(cursor)
             view.request_now()
             wait_until(app, functools.partial(has_suggestion, view), 30)

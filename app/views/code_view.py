@@ -196,7 +196,7 @@ class CodeView(QWidget):
         self._reply = None
         item = answer[0] if isinstance(answer, list) and answer else answer
         item = item if isinstance(item, dict) else {}
-        text = str(item.get("content") or "").rstrip()
+        text = trim_repetition(str(item.get("content") or "").rstrip())
         tokens = item.get("tokens_predicted")
         if not isinstance(tokens, int):
             tokens = (item.get("timings") or {}).get("predicted_n", 0)
@@ -247,3 +247,20 @@ class CodeView(QWidget):
         self._abort()
         self.editor.clear_ghost()
         self._set_status(f"Worker unreachable: {why}")
+
+
+def trim_repetition(text: str, min_repeats: int = 3, max_unit: int = 24) -> str:
+    """``text`` without a loop it ends in: when the suggestion ends by repeating a piece of
+    2..``max_unit`` characters ``min_repeats`` or more times until the token limit (small
+    models fall into ``len(len(len(...``), the piece is kept once. Repeats that end before
+    the text does (``[0, 0, 0]``) and runs of one character (``1000``) are left alone."""
+    for start in range(len(text)):
+        rest = text[start:]
+        for unit in range(2, max_unit + 1):
+            piece = rest[:unit]
+            if len(rest) < unit * min_repeats or len(set(piece)) < 2 or not piece.strip():
+                continue
+            whole, tail = divmod(len(rest), unit)
+            if rest == piece * whole + piece[:tail]:
+                return text[:start + unit].rstrip()
+    return text

@@ -132,3 +132,13 @@ def test_no_model_reads_as_words(qtbot, paths: AppPaths, app_home: Path,
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_suggestion_that_ends_in_a_loop_is_kept_once():
+    from app.views.code_view import trim_repetition
+
+    assert trim_repetition("len(len(len(len(len(le") == "len("
+    assert trim_repetition("x = 1\n" + "e.g." * 6) == "x = 1\ne.g."
+    # real repeats are code, not loops: kept
+    for code in ("[0, 0, 0, 0]", "1000000", "# ---------", "a = 1\nb = 2", "values)):"):
+        assert trim_repetition(code) == code
