@@ -264,14 +264,17 @@ class Engine:
 
     def fim_request(
         self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
-        order: FimOrder = "psm", extra_files: Sequence[FimFile] = (),
+        order: FimOrder | None = None, extra_files: Sequence[FimFile] = (),
         repo_name: str | None = None, file_path: str | None = None,
     ) -> GenerateRequest:
         """A fill-in-the-middle request in the model's own layout; FIM tokens stop it.
+        ``order`` None: the order the model declares (``fim_order`` in its
+        tokenizer_config.json), else prefix-suffix-middle.
 
         Raises UnsupportedModelError when the model has no FIM tokens.
         """
         family = require_fim(self.tokenizer)
+        order = order or ("spm" if self.tokenizer.fim_order == "spm" else "psm")
         ids = build_fim_ids(self.tokenizer, family, prefix, suffix, order=order,
                             extra_files=extra_files, repo_name=repo_name, file_path=file_path)
         options = options or GenerateOptions()

@@ -120,6 +120,10 @@ class Tokenizer:
         template_source: str = "chat template",
     ) -> None:
         config = config or {}
+        #: The fill-in-the-middle order the model was trained on best (``fim_order`` in
+        #: tokenizer_config.json: "psm" or "spm"; None: not said, prefix-suffix-middle).
+        order = config.get("fim_order")
+        self.fim_order: str | None = order if order in ("psm", "spm") else None
         self._tk = backend
         self._lock = threading.Lock()
         self._texts: list[str] | None = None
