@@ -16,6 +16,7 @@ steps use their own binding and are never captured (`gpu_graph_id=-1`).
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,21 +48,25 @@ def _ort() -> Any:
     return ort
 
 
-def argmax_model_bytes(logits_dtype: str) -> bytes:
-    """A one-node model: `token[b, n] = ArgMax(logits[b, n, :])` (ties: the lowest id, as
-    numpy's argmax)."""
-    from onnx import TensorProto, helper
+#: One-node models ``token[b, n] = ArgMax(logits[b, n, :])`` (opset 13, ties: the lowest id,
+#: as numpy's argmax), serialized once so that the runtime needs no ``onnx`` package (the
+#: frozen app leaves it out). tests/engine/test_decode_device.py rebuilds them with
+#: onnx.helper and checks they are these bytes.
+_ARGMAX_B64 = {
+    "float32": "CAg6tQEKWAoGbG9naXRzEgV0b2tlbiIGQXJnTWF4KhQKBGF4aXMY////////////AaABAioPCghrZW"
+               "VwZGltcxgAoAECKhgKEXNlbGVjdF9sYXN0X2luZGV4GACgAQISDWdyZWVkeV9hcmdtYXhaKQoGbG9n"
+               "aXRzEh8KHQgBEhkKBxIFYmF0Y2gKBRIDc2VxCgcSBXZvY2FiYh8KBXRva2VuEhYKFAgHEhAKBxIFYm"
+               "F0Y2gKBRIDc2VxQgQKABAN",
+    "float16": "CAg6tQEKWAoGbG9naXRzEgV0b2tlbiIGQXJnTWF4KhQKBGF4aXMY////////////AaABAioPCghrZW"
+               "VwZGltcxgAoAECKhgKEXNlbGVjdF9sYXN0X2luZGV4GACgAQISDWdyZWVkeV9hcmdtYXhaKQoGbG9n"
+               "aXRzEh8KHQgKEhkKBxIFYmF0Y2gKBRIDc2VxCgcSBXZvY2FiYh8KBXRva2VuEhYKFAgHEhAKBxIFYm"
+               "F0Y2gKBRIDc2VxQgQKABAN",
+}
 
-    elem = TensorProto.FLOAT16 if logits_dtype == "float16" else TensorProto.FLOAT
-    graph = helper.make_graph(
-        [helper.make_node("ArgMax", ["logits"], ["token"], axis=-1, keepdims=0,
-                          select_last_index=0)],
-        "greedy_argmax",
-        [helper.make_tensor_value_info("logits", elem, ["batch", "seq", "vocab"])],
-        [helper.make_tensor_value_info("token", TensorProto.INT64, ["batch", "seq"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
+
+def argmax_model_bytes(logits_dtype: str) -> bytes:
+    """The ArgMax model for float16 logits, else for float32."""
+    return base64.b64decode(_ARGMAX_B64["float16" if logits_dtype == "float16" else "float32"])
 
 
 class DeviceArgMax:

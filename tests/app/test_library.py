@@ -109,7 +109,7 @@ def test_hf_cache_and_foundry_cache_are_known_locations(models_root, tmp_path, m
     roots = library_roots([], downloads)
     # (plus the built-in models of this tree, when it has them)
     assert [r.kind for r in roots if r.kind != "builtin"] == ["huggingface", "foundry"]
-    names = {m.name: m.source for m in scan_library(roots).models}
+    names = {m.name: m.source for m in scan_library(roots).models if m.source != "builtin"}
     assert names == {"forge/tiny-onnx/cpu-int4": "huggingface",
                      "Microsoft/tiny-cpu": "foundry"}
     assert huggingface_cache({"HF_HUB_CACHE": "/x/cache"}) == Path("/x/cache")

@@ -126,3 +126,20 @@ def test_device_kv_counts_in_the_vram_tier_on_cuda(genai_model_dir, monkeypatch)
     engine.governor.set_limit("vram", f"{tight}B")
     assert not engine.governor.can_allocate("vram", engine.runner.growth_bytes(
         engine.runner.capacity + 1) or 1 << 20)
+
+
+def test_the_stored_argmax_models_are_what_onnx_helper_builds():
+    from onnx import TensorProto, helper
+
+    from engine.decode_device import argmax_model_bytes
+
+    for dtype, elem in (("float32", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16)):
+        graph = helper.make_graph(
+            [helper.make_node("ArgMax", ["logits"], ["token"], axis=-1, keepdims=0,
+                              select_last_index=0)],
+            "greedy_argmax",
+            [helper.make_tensor_value_info("logits", elem, ["batch", "seq", "vocab"])],
+            [helper.make_tensor_value_info("token", TensorProto.INT64, ["batch", "seq"])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        assert argmax_model_bytes(dtype) == model.SerializeToString()
