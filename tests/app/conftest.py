@@ -90,12 +90,18 @@ def paths(app_home: Path) -> AppPaths:
     return AppPaths.default().ensure()
 
 
-@pytest.fixture
-def ctx(qtbot, paths: AppPaths, live_worker: tuple[str, str]) -> Iterator[AppContext]:
+def connected(qtbot, paths: AppPaths, worker: tuple[str, str]) -> Iterator[AppContext]:
+    """An AppContext talking to ``worker`` (url, admin token), its model known; shut down
+    after the test. Fixtures yield from it."""
     context = AppContext(paths)
-    url, token = live_worker
+    url, token = worker
     context.client.configure(url, None, token)
     with qtbot.waitSignal(context.model_changed, timeout=10_000):
         context.refresh_model()
     yield context
     context.shutdown()
+
+
+@pytest.fixture
+def ctx(qtbot, paths: AppPaths, live_worker: tuple[str, str]) -> Iterator[AppContext]:
+    yield from connected(qtbot, paths, live_worker)

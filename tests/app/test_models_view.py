@@ -21,7 +21,7 @@ from app.paths import AppPaths
 from app.views import models_view
 from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_view import ModelsView
-from tests.app.conftest import TINY, start_worker
+from tests.app.conftest import TINY, connected, start_worker
 from tests.app.hub_standin import HubStandin
 
 REPO = "forge/tiny-onnx"
@@ -51,13 +51,7 @@ def no_real_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def vctx(qtbot, paths: AppPaths, own_worker: tuple[str, str]) -> Iterator[AppContext]:
-    context = AppContext(paths)
-    url, token = own_worker
-    context.client.configure(url, None, token)
-    with qtbot.waitSignal(context.model_changed, timeout=10_000):
-        context.refresh_model()
-    yield context
-    context.shutdown()
+    yield from connected(qtbot, paths, own_worker)
 
 
 def make_view(qtbot, ctx: AppContext) -> ModelsView:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
+
+import psutil
 
 from app.worker import Crash, WorkerOptions, WorkerProcess, command_for, diagnose
-from tests.app.conftest import TINY
+from tests.app.conftest import ROOT, TINY
 
 
 def test_worker_starts_reports_ready_and_stops_cleanly(qtbot, models_root, app_home):
@@ -85,27 +90,24 @@ def test_worker_command_is_python_m_engine_from_source():
     assert args[args.index("--model") + 1] == "/m"
 
 
-def test_the_worker_never_outlives_the_app(tmp_path, models_root):
-    """However the app ends (here: SIGKILL, which runs no clean-up), its worker stops."""
-    import json
-    import subprocess
-
-    from tests.app.conftest import ROOT
-
-    app_home = tmp_path / "home"
-    env = {**os.environ, "ONNX_LOCAL_LLM_HOME": str(app_home), "ONNX_LOCAL_LLM_TIMING": "1",
+def launch_app(home: Path, model: Path) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
+    """``python -m app`` as a user starts it, once its model answers; and its worker."""
+    env = {**os.environ, "ONNX_LOCAL_LLM_HOME": str(home), "ONNX_LOCAL_LLM_TIMING": "1",
            "QT_QPA_PLATFORM": "offscreen"}
     app = subprocess.Popen([sys.executable, "-m", "app", "--no-welcome", "--model",
-                            str(models_root / TINY)], cwd=ROOT, env=env,
-                           stderr=subprocess.PIPE, text=True)
+                            str(model)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     assert app.stderr is not None
     for line in app.stderr:
         if line.startswith("{") and json.loads(line)["event"] == "model_ready":
             break
-    import psutil
-
     workers = [p for p in psutil.Process(app.pid).children()
                if "engine" in " ".join(p.cmdline())]
+    return app, workers
+
+
+def test_the_worker_never_outlives_the_app(tmp_path, models_root):
+    """However the app ends (here: SIGKILL, which runs no clean-up), its worker stops."""
+    app, workers = launch_app(tmp_path / "home", models_root / TINY)
     assert len(workers) == 1
     app.kill()
     app.wait(10)
@@ -114,24 +116,7 @@ def test_the_worker_never_outlives_the_app(tmp_path, models_root):
 
 
 def test_sigterm_closes_the_app_and_its_worker(tmp_path, models_root):
-    import json
-    import subprocess
-
-    import psutil
-
-    from tests.app.conftest import ROOT
-
-    env = {**os.environ, "ONNX_LOCAL_LLM_HOME": str(tmp_path / "home"),
-           "ONNX_LOCAL_LLM_TIMING": "1", "QT_QPA_PLATFORM": "offscreen"}
-    app = subprocess.Popen([sys.executable, "-m", "app", "--no-welcome", "--model",
-                            str(models_root / TINY)], cwd=ROOT, env=env,
-                           stderr=subprocess.PIPE, text=True)
-    assert app.stderr is not None
-    for line in app.stderr:
-        if line.startswith("{") and json.loads(line)["event"] == "model_ready":
-            break
-    workers = [p for p in psutil.Process(app.pid).children()
-               if "engine" in " ".join(p.cmdline())]
+    app, workers = launch_app(tmp_path / "home", models_root / TINY)
     app.terminate()
     assert app.wait(15) == 0
     _gone, alive = psutil.wait_procs(workers, timeout=5)
