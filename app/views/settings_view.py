@@ -7,8 +7,6 @@ Applying restarts the worker with the new options; the loaded model is loaded ag
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
@@ -26,31 +24,21 @@ from PySide6.QtWidgets import (
 
 from app.context import AppContext
 from app.views import named
+from engine.runtime import installed_ort_variants
 
 PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",
                    "cuda": "CUDA (NVIDIA GPU)", "dml": "DirectML (Windows GPU)"}
 
 
-def installed_runtime() -> str | None:
-    """Which onnxruntime package is installed (None: none)."""
-    for dist in ("onnxruntime-gpu", "onnxruntime-directml", "onnxruntime"):
-        try:
-            metadata.version(dist)
-            return dist
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def provider_availability() -> dict[str, str | None]:
     """provider → None when usable, else why not."""
-    runtime = installed_runtime()
+    variants = installed_ort_variants()  # package metadata only: onnxruntime is not imported
     reasons: dict[str, str | None] = {"auto": None, "cpu": None}
-    reasons["cuda"] = None if runtime == "onnxruntime-gpu" else (
+    reasons["cuda"] = None if "onnxruntime-gpu" in variants else (
         "needs the onnxruntime-gpu package (the 'cuda' extra) and an NVIDIA GPU")
-    reasons["dml"] = None if runtime == "onnxruntime-directml" else (
+    reasons["dml"] = None if "onnxruntime-directml" in variants else (
         "needs Windows and the onnxruntime-directml package (the 'directml' extra)")
-    if runtime is None:
+    if not variants:
         reasons["cpu"] = "no onnxruntime package is installed"
     return reasons
 
