@@ -87,13 +87,17 @@ def test_a_full_queue_refuses_with_retry_after_and_stop_cancels_waiting_jobs():
 
     async def main() -> None:
         gate = threading.Event()
+        running = threading.Event()
 
         def blocking(cancel: threading.Event) -> Iterator[int]:
+            running.set()
             gate.wait(5)
             yield 0
 
         first = worker.submit(blocking)
-        while worker.waiting:  # until the engine thread took it
+        # until the engine thread runs it (``waiting`` is 0 as soon as it is submitted,
+        # before the engine thread took it off the queue: stop() would refuse it)
+        while not running.is_set():
             await asyncio.sleep(0.001)
         queued = [worker.submit(blocking) for _ in range(2)]
         with pytest.raises(QueueFullError) as info:
