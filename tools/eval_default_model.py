@@ -74,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         "heldout_files": len(corpus.heldout), "heldout_tokens": ppl.tokens,
         "model_ppl": round(ppl.model_ppl, 2), "unigram_ppl": round(ppl.unigram_ppl, 2),
         "unigram_over_model": round(ppl.ratio, 2)}
-    for order in ("psm", "spm"):
+    for order in ("psm", "spm", "none"):
         result = fim_exact_match(args.model, holes, order, threads=args.threads)
-        report[f"fim_{order}"] = {"n": result.n, "exact": result.exact,
-                                  "rate": round(result.rate, 4)}
+        code_exact, code_n = result.by_kind("code")
+        key = "next_line" if order == "none" else f"fim_{order}"
+        report[key] = {"n": result.n, "exact": result.exact, "rate": round(result.rate, 4),
+                       "code_n": code_n, "code_exact": code_exact,
+                       "code_rate": round(code_exact / max(1, code_n), 4)}
         if order == "psm":
             for hole, got, ok in result.per_hole[: args.show]:
                 print(f"{'OK ' if ok else 'BAD'} {hole.line!r} -> {got!r}")

@@ -47,8 +47,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/default-coder-train"))
     p.add_argument("--resume", action="store_true", help="continue from work-dir's checkpoint")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--deterministic", action="store_true",
+                   help="torch.use_deterministic_algorithms (15%% slower here; the CPU "
+                        "kernels used give the same losses without it)")
     for name, value in [*vars(d_model).items(), *vars(d_train).items()]:
-        p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            p.add_argument(flag, type=type(value), default=value)
     return p.parse_args(argv)
 
 
@@ -58,18 +65,18 @@ def _configs(ns: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
             TrainConfig(**{k: getattr(ns, k) for k in train_keys}))
 
 
-def _seed_everything(seed: int, threads: int) -> None:
+def _seed_everything(seed: int, threads: int, deterministic: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _args(argv)
     model_cfg, train_cfg = _configs(ns)
-    _seed_everything(train_cfg.seed, ns.threads)
+    _seed_everything(train_cfg.seed, ns.threads, ns.deterministic)
     ns.work_dir.mkdir(parents=True, exist_ok=True)
     began = time.time()
     corpus = load_corpus()

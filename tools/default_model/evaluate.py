@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import io
 import math
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from engine import Engine, EngineConfig, GenerateOptions
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from tools.default_model.corpus import SourceFile
 
 
@@ -84,6 +86,28 @@ class FimHole:
     prefix: str
     suffix: str
     line: str  # the expected middle, without its newline
+    kind: str = "code"  # "prose": a comment-only line or a line inside a multi-line string
+
+
+def prose_lines(text: str) -> set[int]:
+    """0-based indexes of the lines of ``text`` that hold prose rather than code: lines that
+    are only a comment, every line of a string that is a statement of its own (docstrings),
+    and the inner lines of any other multi-line string. Text that does not tokenize has no
+    prose lines."""
+    prose: set[int] = set()
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return set()
+    for k, tok in enumerate(toks):
+        (row, col), (end_row, _) = tok.start, tok.end
+        if tok.type == tokenize.COMMENT and not tok.line[:col].strip():
+            prose.add(row - 1)
+        elif tok.type == tokenize.STRING:
+            alone = not tok.line[:col].strip() and k + 1 < len(toks) \
+                and toks[k + 1].type == tokenize.NEWLINE
+            prose.update(range(row - 1 if alone else row, end_row))
+    return prose
 
 
 @dataclass(frozen=True)
@@ -95,6 +119,11 @@ class FimResult:
     @property
     def rate(self) -> float:
         return self.exact / self.n if self.n else 0.0
+
+    def by_kind(self, kind: str) -> tuple[int, int]:
+        """(exact, n) over the holes of one kind ("code" or "prose")."""
+        rows = [ok for hole, _, ok in self.per_hole if hole.kind == kind]
+        return sum(rows), len(rows)
 
 
 def _clip_prefix(tok: Tokenizer, text: str, budget: int) -> str:
@@ -125,6 +154,7 @@ def fim_holes(tok: Tokenizer, files: tuple[SourceFile, ...], n: int, seed: int,
     """``n`` random non-blank lines of ``files`` (files weighted by line count), each with
     its prefix and suffix clipped at line boundaries to fit the token budgets."""
     rng = np.random.default_rng(seed)
+    prose = {f.path: prose_lines(f.text) for f in files}
     candidates = [(f, i) for f in files
                   for i, line in enumerate(f.text.split("\n")) if line.strip()]
     picks = rng.choice(len(candidates), size=min(n, len(candidates)), replace=False)
@@ -135,22 +165,29 @@ def fim_holes(tok: Tokenizer, files: tuple[SourceFile, ...], n: int, seed: int,
         prefix = "".join(line + "\n" for line in lines[:index])
         suffix = "\n".join(lines[index + 1:])
         holes.append(FimHole(item.path, _clip_prefix(tok, prefix, prefix_tokens),
-                             _clip_suffix(tok, suffix, suffix_tokens), lines[index]))
+                             _clip_suffix(tok, suffix, suffix_tokens), lines[index],
+                             "prose" if index in prose[item.path] else "code"))
     return holes
 
 
 def fim_exact_match(model_dir: Path, holes: list[FimHole], order: str = "psm",
                     max_new_tokens: int = 48, threads: int = 2) -> FimResult:
     """Greedy infill of each hole through the engine's FIM path; stop at a newline or a FIM
-    stop token; exact match of the first line after stripping trailing whitespace."""
+    stop token; exact match of the first line after stripping trailing whitespace.
+    ``order`` "none": the prefix alone as a plain prompt (next-line prediction without the
+    suffix, the baseline that shows what the suffix adds)."""
     engine = Engine.load(model_dir, EngineConfig(intra_op_threads=threads))
     options = GenerateOptions(max_new_tokens=max_new_tokens, temperature=0.0,
                               stop_sequences=("\n",))
     rows = []
     try:
         for hole in holes:
-            request = engine.fim_request(hole.prefix, hole.suffix, options,
-                                         order="spm" if order == "spm" else "psm")
+            if order == "none":
+                ids = tuple(engine.tokenizer.encode(hole.prefix))
+                request = GenerateRequest(token_ids=ids, options=options)
+            else:
+                request = engine.fim_request(hole.prefix, hole.suffix, options,
+                                             order="spm" if order == "spm" else "psm")
             text = engine.generate(request).text.split("\n")[0]
             rows.append((hole, text, text.rstrip() == hole.line.rstrip()))
     finally:

@@ -37,6 +37,7 @@ class Mix:
     chat: float = 0.08  # share that are chat; the rest is plain text
     spm: float = 0.25  # share of FIM samples in suffix-prefix-middle order
     line_holes: float = 0.6  # share of FIM samples whose middle is whole lines
+    single_line: float = 0.75  # share of those line holes that are one line (else 2 to 5)
     file_header: float = 0.15  # share of FIM samples under a <|file_sep|>path header
     middle_weight: float = 3.0  # loss weight of FIM middle tokens (others: 1)
     nonblank_holes: bool = True  # line holes start at a non-blank line; spans not empty
@@ -94,7 +95,7 @@ class SampleBuilder:
             firsts = [k for k, i in enumerate(starts) if text[i] != "\n"] if nonblank \
                 else list(range(len(starts)))
             first = firsts[int(self.rng.integers(0, len(firsts)))] if firsts else 0
-            count = 1 if self.rng.random() < 0.6 else int(self.rng.integers(2, 6))
+            count = 1 if self.rng.random() < self.mix.single_line else int(self.rng.integers(2, 6))
             last = min(len(starts), first + count)
             a, b = starts[first], starts[last] if last < len(starts) else len(text)
         else:

@@ -19,7 +19,7 @@ from tools.default_model.samples import SampleBuilder
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1100
+    steps: int = 1800
     batch: int = 8
     seq_len: int = 512
     lr: float = 2e-3
@@ -31,6 +31,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 100
     checkpoint_every: int = 100
+    bf16: bool = True  # autocast matmuls to bfloat16 (weights, optimizer and loss in fp32)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -54,7 +55,7 @@ def lm_loss(model: Decoder, batch: torch.Tensor,
             weights: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy; with ``weights`` (aligned with ``batch``), their weighted
     mean (``weights[:, i]`` weighs the prediction of ``batch[:, i]``)."""
-    logits = model(batch[:, :-1])
+    logits = model(batch[:, :-1]).float()
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
                           reduction="none")
     if weights is None:
@@ -104,7 +105,8 @@ def train(model: Decoder, builder: SampleBuilder, heldout_rows: torch.Tensor,
             group["lr"] = lr_at(step, cfg)
         ids, weights = builder.batch(cfg.batch)
         batch = torch.from_numpy(ids)
-        loss = lm_loss(model, batch, torch.from_numpy(weights))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = lm_loss(model, batch, torch.from_numpy(weights))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
