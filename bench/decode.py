@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:  # `python bench/decode.py` as well as `python -m 
 from bench import _workers  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-ARMS = ("ours", "og", "og2", "ours-nospin")
+ARMS = ("ours", "og", "og2", "ours-nospin", "ours-4k")
 SPEC = {"layers": 12, "hidden": 768, "heads": 12, "kv_heads": 4, "intermediate": 2048,
         "vocab": 32000, "context": 2048, "seed": 0}
 PROMPT_SEED = 1234
@@ -72,7 +72,8 @@ def worker_main(args: argparse.Namespace) -> None:
         warmup = _workers.prompt_ids(vocab, _workers.WARMUP_PROMPT, PROMPT_SEED + 1)
         if args.worker.startswith("ours"):
             result = _workers.run_ours(args.model, prompt, warmup, args.new_tokens,
-                                       args.threads, spin=args.worker == "ours")
+                                       args.threads, spin=args.worker != "ours-nospin",
+                                       huge_pages=args.worker != "ours-4k")
         else:
             result = _workers.run_og(args.model, prompt, warmup, args.new_tokens, args.threads)
     result["peak_rss_mib"] = _workers.peak_rss_mib()
@@ -153,7 +154,8 @@ def _ratios(best: dict[str, dict[str, float]]) -> dict[str, float | None]:
             "control_decode": r("og2", "og", "decode_tok_s"),
             "control_prefill": r("og2", "og", "prefill_tok_s"),
             "nospin_decode": r("ours-nospin", "ours", "decode_tok_s"),
-            "nospin_prefill": r("ours-nospin", "ours", "prefill_tok_s")}
+            "nospin_prefill": r("ours-nospin", "ours", "prefill_tok_s"),
+            "small_pages_decode": r("ours-4k", "ours", "decode_tok_s")}
 
 
 def summarize(runs: list[dict[str, Any]], models: dict[str, Path],
@@ -200,7 +202,7 @@ def _pf(ok: bool | None) -> str:
 
 
 def print_table(summary: dict[str, Any]) -> None:
-    head = (f"{'prec':5}{'prompt':>7} | {'decode tok/s ours/og/og2/nospin':>30} | "
+    head = (f"{'prec':5}{'prompt':>7} | {'decode tok/s ours/og/og2/nospin/4k':>34} | "
             f"{'prefill tok/s ours/og':>22} | {'RSS MiB ours/og':>16} | "
             "GB/s ours/og [excl. embedding] / measured")
     print(head)
@@ -214,11 +216,12 @@ def print_table(summary: dict[str, Any]) -> None:
         scale = w["weights_bytes_excl_embedding"] / w["weights_bytes"]
         gbx = "/".join(_f(w["achieved_gb_s"][a] * scale if a in b else None, ".1f")
                        for a in ("ours", "og"))
-        print(f"{w['precision']:5}{w['prompt_len']:>7} | {dec:>30} | {pre:>22} | {rss:>16} | "
+        print(f"{w['precision']:5}{w['prompt_len']:>7} | {dec:>34} | {pre:>22} | {rss:>16} | "
               f"{gbs} [{gbx}] / {_f(w['measured_gb_s'], '.1f')}")
     print()
     print(f"{'prec':5}{'prompt':>7} | {'decode ours/og':>20} | {'prefill ours/og':>19} | "
-          f"{'RSS ours/og':>17} | {'og2/og dec,pre':>14} | {'nospin/ours dec,pre':>17} | tokens")
+          f"{'RSS ours/og':>17} | {'og2/og dec,pre':>14} | {'nospin/ours dec,pre':>17} | "
+          f"{'4k/ours dec':>11} | tokens")
     for w in summary["workloads"]:
         r, ok, t = w["ratios"], w["pass"], w["targets"]
         ctl = ",".join(_f(r[k], ".3f") for k in ("control_decode", "control_prefill"))
@@ -231,7 +234,8 @@ def print_table(summary: dict[str, Any]) -> None:
               f"{_f(r['decode'], '.3f'):>5} >={t['decode'][1]:.2f} {_pf(ok['decode']):>4} | "
               f"{_f(r['prefill'], '.3f'):>5} >={t['prefill'][1]:.2f} {_pf(ok['prefill']):>4} | "
               f"{_f(r['rss'], '.3f'):>5} <={t['rss'][1]:.2f} {_pf(ok['rss']):>4} | "
-              f"{ctl + (' !' if noisy else ''):>14} | {spin:>17} | {toks}")
+              f"{ctl + (' !' if noisy else ''):>14} | {spin:>17} | "
+              f"{_f(r['small_pages_decode'], '.3f'):>11} | {toks}")
     for w in summary["workloads"]:
         if w["prompt_len"] == min(x["prompt_len"] for x in summary["workloads"]):
             print(f"{w['precision']} weights: {w['weights_bytes'] / 1e6:.0f} MB on disk, "

@@ -251,6 +251,9 @@ class EngineConfig:
     #: CUDA graph capture of decode steps: None = ONNX_GENAI_CUDA_GRAPH (default off).
     #: Declined, with the reason in describe(), unless the graph is structurally safe.
     cuda_graph: bool | None = None
+    #: Linux: back the loaded weights with transparent huge pages (engine.hugepages);
+    #: decode on the CPU reads every weight per token (bench/README.md has the gain).
+    huge_pages: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

@@ -74,8 +74,10 @@ minute). Final training loss {loss:.3f} (mean of the last {log_every} steps), he
 | perplexity, this model | {model_ppl:.2f} |
 | perplexity, unigram fitted on the training files | {unigram_ppl:.2f} |
 | unigram / model | {ratio:.1f}x |
-| single-line FIM exact match, PSM (engine FIM path) | {psm_exact}/{psm_n} = {psm_rate:.1%} (code lines: {psm_code}) |
-| single-line FIM exact match, SPM | {spm_exact}/{spm_n} = {spm_rate:.1%} (code lines: {spm_code}) |
+| single-line FIM exact match, PSM (engine FIM path) | {psm_exact}/{psm_n} = {psm_rate:.1%} \
+(code lines: {psm_code}) |
+| single-line FIM exact match, SPM | {spm_exact}/{spm_n} = {spm_rate:.1%} \
+(code lines: {spm_code}) |
 | the same lines predicted from the prefix alone (no FIM) | {next_line} |
 
 Perplexity: per token, non-overlapping {context}-token windows (the first token of each
@@ -83,8 +85,8 @@ window is context only). FIM: {psm_n} random non-blank held-out lines; prefix (<
 tokens) and suffix (<= 150 tokens) clipped at line boundaries; greedy through
 `Engine.fim_request`, stopped at a newline or a FIM stop token; exact match after
 stripping trailing whitespace; "code lines" leaves out comment-only lines and docstrings
-(`tools/default_model/evaluate.prose_lines`). onnxruntime-genai 0.18.0 loads this folder and gives the
-engine's greedy tokens (`tests/tools/test_default_model.py`).
+(`tools/default_model/evaluate.prose_lines`). onnxruntime-genai 0.18.0 loads this folder
+and gives the engine's greedy tokens (`tests/tools/test_default_model.py`).
 
 ## Samples (greedy)
 
@@ -152,8 +154,9 @@ def _fim_limits(evaluation: dict[str, Any]) -> str:
                  "missing is a model that predicts whole lines of code, which takes far more "
                  "training compute than half an hour on two cores. ")
     order = "spm" if spm["rate"] >= psm["rate"] else "psm"
-    text += (f"It scores best in {'suffix-prefix-middle' if order == 'spm' else 'prefix-suffix-middle'}"
-             f" order, so its `tokenizer_config.json` declares `\"fim_order\": \"{order}\"` "
+    name = "suffix-prefix-middle" if order == "spm" else "prefix-suffix-middle"
+    text += (f"It scores best in {name} order, so its `tokenizer_config.json` declares "
+             f"`\"fim_order\": \"{order}\"` "
              "and our engine uses that order for this model's FIM requests (editors' `/infill` "
              "included) unless a request asks otherwise.")
     return text
