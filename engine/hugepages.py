@@ -5,11 +5,11 @@ by address translation: 4 KiB pages need one TLB entry per 4 KiB of weights, 2 M
 per 2 MiB. Most desktop Linux kernels ship transparent huge pages in ``madvise`` mode: only
 memory a program marks gets them, and neither ONNX Runtime nor glibc's allocator marks
 anything. After a model is loaded (ONNX Runtime has read and pre-packed its weights into
-anonymous memory), :func:`advise_huge_pages` walks ``/proc/self/maps`` and asks the kernel
-to collapse the large anonymous regions into 2 MiB pages now (``MADV_COLLAPSE``, Linux
-6.1+), or marks them ``MADV_HUGEPAGE`` for ``khugepaged`` where it cannot. The engine runs
-it on a background thread after a load (a few hundred ms per GiB: the model is usable
-at once). Nothing changes numerically.
+anonymous memory), :func:`advise_huge_pages` walks ``/proc/self/smaps`` and asks the
+kernel to collapse the large, mostly resident anonymous regions into 2 MiB pages now
+(``MADV_COLLAPSE``, Linux 6.1+), or marks them ``MADV_HUGEPAGE`` for ``khugepaged`` where
+it cannot. The engine runs it on a background thread after a load (a few hundred ms per
+GiB: the model is usable at once). Nothing changes numerically.
 
 Measured in ``bench/README.md`` (decode tok/s with and without).
 """
@@ -65,20 +65,30 @@ def thp_mode(path: Path = THP_MODE_FILE) -> str:
     return found.group(1) if found else "unknown"
 
 
-def anonymous_regions(maps_text: str, min_bytes: int) -> list[tuple[int, int]]:
+def anonymous_regions(maps_text: str, min_bytes: int,
+                      min_resident: float = 0.0) -> list[tuple[int, int]]:
     """(start, length) of the private, writable, anonymous mappings of at least
-    ``min_bytes``, trimmed inward to huge-page boundaries (what can be collapsed)."""
-    regions = []
+    ``min_bytes``, trimmed inward to huge-page boundaries (what can be collapsed).
+    ``maps_text`` is ``/proc/PID/maps`` or ``smaps``; with ``smaps`` a mapping must also be
+    at least ``min_resident`` resident (``Rss``): collapsing fills a sparse mapping's
+    holes, so a mostly empty allocator arena would grow the process for nothing."""
+    mappings: list[tuple[int, int, str, int, str]] = []
+    resident: dict[int, int] = {}  # mapping index -> Rss bytes (smaps only)
     for line in maps_text.splitlines():
         m = _MAPS_LINE.match(line)
-        if m is None:
-            continue
-        start, end, perms, inode, name = (int(m.group(1), 16), int(m.group(2), 16),
-                                          m.group(3), int(m.group(4)), m.group(5).strip())
+        if m is not None:
+            mappings.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3),
+                             int(m.group(4)), m.group(5).strip()))
+        elif line.startswith("Rss:") and mappings:
+            resident[len(mappings) - 1] = int(line.split()[1]) * 1024
+    regions = []
+    for index, (start, end, perms, inode, name) in enumerate(mappings):
         if inode != 0 or perms[:2] != "rw" or perms[3] != "p":
             continue  # file-backed, read-only or shared
         if name and name != "[heap]":
             continue  # [stack], [vvar], named anonymous memory: not ours to touch
+        if resident.get(index, end - start) < min_resident * (end - start):
+            continue
         lo = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
         hi = end // HUGE_PAGE * HUGE_PAGE
         if end - start >= min_bytes and hi - lo >= HUGE_PAGE:
@@ -97,7 +107,8 @@ def anon_huge_bytes() -> int:
     return 0
 
 
-def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024) -> HugePageReport:
+def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
+                      min_resident: float = 0.75) -> HugePageReport:
     """Move this process's large anonymous regions onto huge pages now (``MADV_COLLAPSE``);
     where the kernel cannot (before Linux 6.1, or no free huge page), mark them
     ``MADV_HUGEPAGE`` so ``khugepaged`` does it later. Regions that collapse keep their
@@ -117,12 +128,12 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024) -> HugePageReport:
         madvise = libc.madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         madvise.restype = ctypes.c_int
-        maps = Path("/proc/self/maps").read_text()
+        maps = Path("/proc/self/smaps").read_text()
     except (OSError, AttributeError) as exc:
         return HugePageReport(mode=mode, skipped=f"cannot call madvise: {exc}")
     before = anon_huge_bytes()
     regions = advised = collapsed = 0
-    for start, length in anonymous_regions(maps, min_bytes):
+    for start, length in anonymous_regions(maps, min_bytes, min_resident):
         if madvise(start, length, MADV_COLLAPSE) == 0:
             collapsed += 1
         elif madvise(start, length, MADV_HUGEPAGE) != 0:

@@ -40,6 +40,20 @@ def test_only_large_private_writable_anonymous_mappings_qualify_trimmed_to_huge_
     assert anonymous_regions(MAPS, 128 * MIB) == []
 
 
+def test_with_smaps_a_mostly_empty_mapping_is_left_alone() -> None:
+    smaps = """\
+7f0000000000-7f0004000000 rw-p 00000000 00:00 0
+Size:              65536 kB
+Rss:               65000 kB
+7f1000000000-7f1004000000 rw-p 00000000 00:00 0
+Size:              65536 kB
+Rss:                4096 kB
+"""
+    # collapsing the second would make 60 MiB of untouched memory resident
+    assert anonymous_regions(smaps, 8 * MIB, min_resident=0.75) == [(0x7F0000000000, 64 * MIB)]
+    assert len(anonymous_regions(smaps, 8 * MIB)) == 2
+
+
 def test_the_kernel_mode_is_the_bracketed_word(tmp_path: Path) -> None:
     mode_file = tmp_path / "enabled"
     mode_file.write_text("always [madvise] never\n")
