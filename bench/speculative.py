@@ -146,7 +146,11 @@ def agreement_worker(model: Path, count: int, new_tokens: int, threads: int) -> 
             "new_tokens": new_tokens}
 
 
-def _stats(runs: list[dict[str, Any]], task: str) -> dict[str, Any]:
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+
+
+def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, Any]:
     mine = [r for r in runs if r["task"] == task]
     best = {a: max(r["decode_tok_s"] for r in mine if r["arm"] == a) for a in ARMS}
     med = {a: statistics.median(r["decode_tok_s"] for r in mine if r["arm"] == a)
@@ -163,9 +167,16 @@ def _stats(runs: list[dict[str, Any]], task: str) -> dict[str, Any]:
         "median_lookup_vs_plain": med["lookup"] / med["plain"],
         "median_lookup_vs_og": med["lookup"] / med["og"],
         "speculation": first["lookup"]["speculation"], "propose_share": share,
-        "tokens_identical": {f"{a}=plain": all(r["tokens"] == first["plain"]["tokens"]
-                                               for r in mine if r["arm"] == a)
-                             for a in ("lookup", "og")},
+        "tokens_identical": {
+            "lookup=plain": all(r["tokens"] == first["plain"]["tokens"]
+                                for r in mine if r["arm"] == "lookup"),
+            # og runs to min_length = max_length, which masks EOS; our arms do not stop at
+            # EOS but do not mask it: compare up to the first EOS our greedy answer has
+            "og=plain": all(_until_eos(r["tokens"], eos)
+                            == _until_eos(first["plain"]["tokens"], eos)
+                            for r in mine if r["arm"] == "og")},
+        "plain_eos_at": next((i for i, t in enumerate(first["plain"]["tokens"]) if t in eos),
+                             None),
         "expected_match_tokens": first["plain"]["expected_match"],
         "generated_tokens": len(first["plain"]["tokens"]),
         "prompt_tokens": first["plain"]["prompt_tokens"],
@@ -198,7 +209,9 @@ def run_comparison(args: argparse.Namespace, model: Path) -> dict[str, Any]:
                 print(f"r{rnd} {task:5} {arm:6} {res['decode_tok_s']:7.1f} tok/s  load "
                       f"{res['loadavg_1m']:.1f}  accepted {spec.get('accepted', '-')}/"
                       f"{spec.get('proposed', '-')}", file=sys.stderr, flush=True)
-    return {"tasks": {task: _stats(runs, task) for task in TASKS}, "runs": runs}
+    eos_id = json.loads((model / "genai_config.json").read_text())["model"]["eos_token_id"]
+    eos = set(eos_id) if isinstance(eos_id, list) else {eos_id}
+    return {"tasks": {task: _stats(runs, task, eos) for task in TASKS}, "runs": runs}
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tools.default_model.corpus import chat_examples, load_corpus  # noqa: E402
+from tools.default_model.corpus import chat_examples, edit_examples, load_corpus  # noqa: E402
 from tools.default_model.export import export_model  # noqa: E402
 from tools.default_model.model import Decoder, ModelConfig  # noqa: E402
 from tools.default_model.samples import Mix, SampleBuilder  # noqa: E402
@@ -47,6 +47,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/default-coder-train"))
     p.add_argument("--resume", action="store_true", help="continue from work-dir's checkpoint")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--edit-share", type=float, default=0.0,
+                   help="share of samples that are rename edits, taken from the FIM share "
+                        "(tried at 0.07: plain completions then write such rename comments; "
+                        "see bench/README.md)")
     p.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (15%% slower here; the CPU "
                         "kernels used give the same losses without it)")
@@ -84,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files; "
           f"tokenizer {tok.get_vocab_size()} ({time.time() - began:.1f}s)", flush=True)
     chat = chat_examples(corpus.train)
-    builder = SampleBuilder(tok, corpus.train, chat, train_cfg.seq_len, train_cfg.seed)
+    edits = edit_examples(corpus.train)
+    mix = Mix(fim=Mix().fim - ns.edit_share, edit=ns.edit_share)
+    builder = SampleBuilder(tok, corpus.train, chat, train_cfg.seq_len, train_cfg.seed, mix,
+                            edits=edits)
     # fixed plain-code rows of the held-out files, from their own generator
     held = SampleBuilder(tok, corpus.heldout, [], train_cfg.seq_len, train_cfg.seed + 1,
                          Mix(fim=0.0, chat=0.0))
@@ -95,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out = export_model(model, tok, ns.out)
     summary = {"model": model_cfg.as_dict(), "train": vars(train_cfg),
                "parameters": model.num_parameters(), "chat_examples": len(chat),
+               "edit_examples": len(edits),
                "train_files": len(corpus.train), "heldout_files": len(corpus.heldout),
                "process_wall_s": round(time.time() - began, 1),
                "train_s": history[-1]["elapsed_s"] if history else 0.0,

@@ -32,3 +32,36 @@ def test_comments_and_docstrings_are_prose_and_code_is_not() -> None:
 
 def test_text_that_does_not_tokenize_has_no_prose_lines() -> None:
     assert prose_lines('x = """never closed\n# not a comment inside a string\n') == set()
+
+
+def test_a_rename_edit_sample_shows_the_function_asks_for_a_rename_and_weighs_the_rewrite(
+) -> None:
+    import re
+    from pathlib import Path
+
+    import pytest
+    from tokenizers import Tokenizer
+
+    from tools.default_model.corpus import SourceFile, edit_examples
+    from tools.default_model.samples import SampleBuilder
+
+    tok_file = Path(__file__).resolve().parents[2] / "resources" / "models" / "default-coder" \
+        / "tokenizer.json"
+    if not tok_file.is_file():
+        pytest.skip("the default model's tokenizer is absent")
+    source = ("def scale(values, factor):\n    out = []\n    for v in values:\n"
+              "        out.append(v * factor)\n    return out\n")
+    files = (SourceFile("m.py", source),)
+    edits = edit_examples(files)
+    # parameters first, then assigned names (sorted); each occurs at least twice
+    assert [e.names for e in edits] == [("values", "factor", "out", "v")]
+    tok = Tokenizer.from_file(str(tok_file))
+    builder = SampleBuilder(tok, files, [], 512, seed=3, edits=edits)
+    ids, weights = builder.edit_sample()
+    text = tok.decode(ids, skip_special_tokens=False)
+    before, request, after = re.split(r"\n\n(# The same function, with .*:)\n", text)
+    assert before == source.rstrip()
+    old, new = re.findall(r"`(\w+)`", request)
+    assert old in edits[0].names and new != old
+    assert after == re.sub(rf"\b{old}\b", new, source.rstrip()) + "\n<|endoftext|>"
+    assert weights[0] == 1.0 and weights[-1] == builder.mix.middle_weight

@@ -59,9 +59,9 @@ PyTorch {torch} on CPU ({threads} threads), seed {seed}, {steps} steps of {batch
 {min_lr_ratio:g}x, weight decay {weight_decay:g}). Sample mix: {fim:.0%} fill-in-the-middle
 ({psm_share:.0%} prefix-suffix-middle, {spm:.0%} suffix-prefix-middle, in the engine's
 layouts; {line_holes:.0%} whole-line holes, {single_line:.0%} of them a single line, the rest
-random spans; {file_header:.0%} under a
-`<|file_sep|>path` header; windows of 24 to 460 tokens, log-uniform; middle tokens weigh
-{middle_weight:g}x in the loss), {chat:.0%} chat, the rest plain left-to-right code (windows of 32
+random spans; {file_header:.0%} under a `<|file_sep|>path` header; windows of 24 to 460
+tokens, log-uniform; middle tokens weigh {middle_weight:g}x in the loss), {chat:.0%} chat,
+{edits}the rest plain left-to-right code (windows of 32
 to 512 tokens); samples packed into rows. Training loop: {train_min:.1f} min of wall
 time on a 2-core machine shared with other jobs (tokenizer training and export add under a
 minute). Final training loss {loss:.3f} (mean of the last {log_every} steps), held-out loss
@@ -134,6 +134,14 @@ def _samples(samples: dict[str, str]) -> str:
     return "\n\n".join(parts)
 
 
+def _edits(share: float, examples: int, weight: float) -> str:
+    if not share:
+        return ""
+    return (f"{share:.0%} rename edits ({examples:,} functions of the training files, each "
+            f"followed by a comment asking for one of its names renamed and the rewrite, "
+            f"which weighs {weight:g}x), ")
+
+
 def _exact(entry: dict[str, Any] | None, code: bool = False) -> str:
     if not entry:
         return "not measured"
@@ -150,9 +158,9 @@ def _fim_limits(evaluation: dict[str, Any]) -> str:
             f"{best:.1%} in its better order (the bar set for this model, 10%, {verdict}). ")
     if evaluation.get("next_line"):
         text += (f"Predicting the same lines from the prefix alone gives "
-                 f"{evaluation['next_line']['rate']:.1%}: the FIM format is learnt, what is "
-                 "missing is a model that predicts whole lines of code, which takes far more "
-                 "training compute than half an hour on two cores. ")
+                 f"{evaluation['next_line']['rate']:.1%}, about the same: the suffix does not "
+                 "make up for a model that cannot yet predict whole lines of code, which takes "
+                 "far more training compute than half an hour on two cores. ")
     order = "spm" if spm["rate"] >= psm["rate"] else "psm"
     name = "suffix-prefix-middle" if order == "spm" else "prefix-suffix-middle"
     text += (f"It scores best in {name} order, so its `tokenizer_config.json` declares "
@@ -179,7 +187,10 @@ def render_card(training: dict[str, Any], evaluation: dict[str, Any]) -> str:
         unigram_ppl=evaluation["unigram_ppl"], ratio=evaluation["unigram_over_model"],
         psm_exact=psm["exact"], psm_n=psm["n"], psm_rate=psm["rate"],
         spm_exact=spm["exact"], spm_n=spm["n"], spm_rate=spm["rate"],
-        samples=_samples(evaluation["samples"]), **{**asdict(Mix(single_line=0.6)), **mix},
+        samples=_samples(evaluation["samples"]),
+        **{**asdict(Mix(single_line=0.6, edit=0.0)), **mix},
+        edits=_edits(mix.get("edit", 0.0), training.get("edit_examples", 0),
+                     mix["middle_weight"]),
         psm_share=1 - mix["spm"], precision=_PRECISION if train.get("bf16") else "",
         reproduce=_REPRODUCE, psm_code=_exact(psm, code=True), spm_code=_exact(spm, code=True),
         next_line=_exact(evaluation.get("next_line")), fim_limits=_fim_limits(evaluation))

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import sysconfig
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +103,10 @@ def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncF
     return found
 
 
-def chat_examples(files: tuple[SourceFile, ...], max_chars: int = 1200) -> list[ChatExample]:
-    """(request, code) pairs: a function's docstring first line as the request, the
-    function's source as the answer. Deterministic (file order, then source order)."""
-    out: list[ChatExample] = []
+def _function_sources(files: tuple[SourceFile, ...]) -> Iterator[
+        tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, str]]:
+    """(owner, node, dedented source with decorators) of every function of ``_functions``
+    in files that parse, in file order, then source order."""
     for item in files:
         try:
             tree = ast.parse(item.text)
@@ -112,16 +114,53 @@ def chat_examples(files: tuple[SourceFile, ...], max_chars: int = 1200) -> list[
             continue
         lines = item.text.splitlines(keepends=True)
         for owner, node in _functions(tree):
-            doc = ast.get_docstring(node)
-            if not doc or node.name.startswith("_") or node.end_lineno is None:
+            if node.end_lineno is None:
                 continue
-            first = doc.strip().splitlines()[0].strip()
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            source = textwrap.dedent("".join(lines[start - 1: node.end_lineno])).rstrip()
-            if len(first) < 8 or len(source) > max_chars:
-                continue
-            what = f"method `{owner}.{_signature(node)}`" if owner \
-                else f"function `{_signature(node)}`"
-            out.append(ChatExample(f"Write a Python {what}: {first}",
-                                   f"```python\n{source}\n```"))
+            yield owner, node, textwrap.dedent("".join(lines[start - 1: node.end_lineno])).rstrip()
+
+
+def chat_examples(files: tuple[SourceFile, ...], max_chars: int = 1200) -> list[ChatExample]:
+    """(request, code) pairs: a function's docstring first line as the request, the
+    function's source as the answer. Deterministic (file order, then source order)."""
+    out: list[ChatExample] = []
+    for owner, node, source in _function_sources(files):
+        doc = ast.get_docstring(node)
+        if not doc or node.name.startswith("_"):
+            continue
+        first = doc.strip().splitlines()[0].strip()
+        if len(first) < 8 or len(source) > max_chars:
+            continue
+        what = f"method `{owner}.{_signature(node)}`" if owner \
+            else f"function `{_signature(node)}`"
+        out.append(ChatExample(f"Write a Python {what}: {first}",
+                               f"```python\n{source}\n```"))
+    return out
+
+
+@dataclass(frozen=True)
+class EditExample:
+    """A function and the names it binds that occur at least twice in it (candidates for
+    a rename edit: its parameters, then its local assignments)."""
+
+    source: str
+    names: tuple[str, ...]
+
+
+def edit_examples(files: tuple[SourceFile, ...], max_chars: int = 900) -> list[EditExample]:
+    """Functions of the training files short enough for a rename edit (the function and its
+    rewrite fit one row). Deterministic (file order, then source order)."""
+    out: list[EditExample] = []
+    for _, node, source in _function_sources(files):
+        if len(source) > max_chars or source.count("\n") < 3:
+            continue
+        params = [a.arg for a in (*node.args.posonlyargs, *node.args.args,
+                                  *node.args.kwonlyargs) if a.arg not in ("self", "cls")]
+        stored = sorted({n.id for n in ast.walk(node)
+                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)})
+        names = tuple(dict.fromkeys(
+            n for n in [*params, *stored]
+            if len(re.findall(rf"\b{re.escape(n)}\b", source)) >= 2))
+        if names:
+            out.append(EditExample(source, names))
     return out

@@ -11,12 +11,13 @@ generator: same seed, same rows.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from tools.default_model.corpus import ChatExample, SourceFile
+from tools.default_model.corpus import ChatExample, EditExample, SourceFile
 from tools.default_model.tokenizer import (
     ENDOFTEXT,
     FILE_SEP,
@@ -28,13 +29,17 @@ from tools.default_model.tokenizer import (
 )
 
 CHARS_PER_TOKEN = 3.6
+#: How a rename edit forms the new name from the old one.
+RENAMES = ("{}_value", "new_{}", "{}2", "{}_arg", "the_{}", "{}_")
 Sample = tuple[list[int], list[float]]  # ids and their loss weights
 
 
 @dataclass(frozen=True)
 class Mix:
     fim: float = 0.7  # share of samples that are FIM
-    chat: float = 0.08  # share that are chat; the rest is plain text
+    chat: float = 0.08  # share that are chat
+    edit: float = 0.0  # share that are rename edits (function, request, rewrite); the rest
+    #: is plain text
     spm: float = 0.25  # share of FIM samples in suffix-prefix-middle order
     line_holes: float = 0.6  # share of FIM samples whose middle is whole lines
     single_line: float = 0.75  # share of those line holes that are one line (else 2 to 5)
@@ -52,8 +57,10 @@ def _token_id(tok: Tokenizer, token: str) -> int:
 
 class SampleBuilder:
     def __init__(self, tok: Tokenizer, files: tuple[SourceFile, ...],
-                 chat: list[ChatExample], seq_len: int, seed: int, mix: Mix = Mix()) -> None:
+                 chat: list[ChatExample], seq_len: int, seed: int, mix: Mix = Mix(),
+                 edits: list[EditExample] | None = None) -> None:
         self.tok, self.files, self.chat, self.seq_len, self.mix = tok, files, chat, seq_len, mix
+        self.edits = edits or []
         self.rng = np.random.default_rng(seed)
         sizes = np.array([len(f.text) for f in files], np.float64)
         self.weights = sizes / sizes.sum()
@@ -140,12 +147,31 @@ class SampleBuilder:
                sp[ENDOFTEXT]]
         return ids, [1.0] * len(ids)
 
+    def edit_sample(self) -> Sample:
+        """A function, a comment asking for one of its names renamed, and the rewrite (every
+        whole-word occurrence replaced): teaches the model to reproduce code it was shown,
+        which an editor's rewrite requests and prompt-lookup speculation rely on. The
+        rewrite weighs ``Mix.middle_weight``."""
+        ex = self.edits[int(self.rng.integers(0, len(self.edits)))]
+        old = ex.names[0] if self.rng.random() < 0.6 else \
+            ex.names[int(self.rng.integers(0, len(ex.names)))]
+        style = int(self.rng.integers(0, len(RENAMES)))
+        new = RENAMES[style].format(old)
+        edited = re.sub(rf"\b{re.escape(old)}\b", new, ex.source)
+        request = self.encode(f"{ex.source}\n\n# The same function, with `{old}` renamed to "
+                              f"`{new}`:\n")
+        answer = [*self.encode(edited + "\n"), self.special[ENDOFTEXT]]
+        return ([*request, *answer],
+                [1.0] * len(request) + [self.mix.middle_weight] * len(answer))
+
     def sample(self) -> Sample:
         r = self.rng.random()
         if r < self.mix.fim:
             return self.fim()
         if r < self.mix.fim + self.mix.chat and self.chat:
             return self.chat_sample()
+        if r < self.mix.fim + self.mix.chat + self.mix.edit and self.edits:
+            return self.edit_sample()
         return self.plain()
 
     def row(self) -> Sample:
