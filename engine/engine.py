@@ -45,7 +45,7 @@ from engine.fim import (
     require_fim,
 )
 from engine.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
-from engine.hugepages import HugePageReport, advise_huge_pages
+from engine.hugepages import BackgroundAdvice, HugePageReport
 from engine.io_spec import IOSpec, resolve_io
 from engine.kv_cache import (
     KVGeometry,
@@ -105,10 +105,8 @@ class Engine:
         self.mtp_head: MtpHead | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
-        #: What the load did for transparent huge pages (None: not asked, not the CPU, or
-        #: still running: see wait_huge_pages).
-        self.huge_pages: HugePageReport | None = None
-        self._huge_pages_thread: threading.Thread | None = None
+        #: The huge-page collapse after a load (None: not asked, or not the CPU).
+        self._huge_pages: BackgroundAdvice | None = None
         self._new_runner = runner_factory(
             session, spec, self.context_length, config.max_batch,
             device_options(config.device_kv, session_info.provider, spec.decode_path,
@@ -176,22 +174,19 @@ class Engine:
         if config.draft_model is not None:
             engine.draft_runner = engine._load_draft(config.draft_model, placement.provider)
         if config.huge_pages and engine.provider == "cpu":
-            engine._huge_pages_thread = threading.Thread(
-                target=engine._advise_huge_pages, name="hugepages", daemon=True)
-            engine._huge_pages_thread.start()
+            engine._huge_pages = BackgroundAdvice()
         return engine
 
-    def _advise_huge_pages(self) -> None:
-        self.huge_pages = advise_huge_pages()
+    @property
+    def huge_pages(self) -> HugePageReport | None:
+        """What the load did for transparent huge pages; None when not asked, not on the
+        CPU, or still running (see wait_huge_pages)."""
+        return None if self._huge_pages is None else self._huge_pages.report
 
     def wait_huge_pages(self, timeout: float | None = None) -> bool:
         """Wait until the weights' huge-page collapse after the load is done (it runs in
         the background: the engine serves meanwhile). True when done or never started."""
-        thread = self._huge_pages_thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return self._huge_pages is None or self._huge_pages.wait(timeout)
 
     def _load_draft(self, path: str, provider: str) -> DecodeRunner:
         """A draft model's runner; its tokenizer must be this model's (same token texts)."""

@@ -20,6 +20,7 @@ import ctypes
 import logging
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,3 +147,21 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
                             seconds=time.perf_counter() - began)
     log.debug("huge pages: %s", report.as_dict())
     return report
+
+
+class BackgroundAdvice:
+    """:func:`advise_huge_pages` on a daemon thread, started at once: the engine serves
+    while the kernel copies the weights into huge pages."""
+
+    def __init__(self) -> None:
+        self.report: HugePageReport | None = None  # None until done
+        self._thread = threading.Thread(target=self._run, name="hugepages", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.report = advise_huge_pages()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True when done (within ``timeout`` seconds)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
