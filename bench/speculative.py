@@ -209,8 +209,9 @@ def run_comparison(args: argparse.Namespace, model: Path) -> dict[str, Any]:
                 print(f"r{rnd} {task:5} {arm:6} {res['decode_tok_s']:7.1f} tok/s  load "
                       f"{res['loadavg_1m']:.1f}  accepted {spec.get('accepted', '-')}/"
                       f"{spec.get('proposed', '-')}", file=sys.stderr, flush=True)
-    eos_id = json.loads((model / "genai_config.json").read_text())["model"]["eos_token_id"]
-    eos = set(eos_id) if isinstance(eos_id, list) else {eos_id}
+    from engine.model_dir import load_model_dir
+
+    eos = set(load_model_dir(model).eos_token_ids)
     return {"tasks": {task: _stats(runs, task, eos) for task in TASKS}, "runs": runs}
 
 

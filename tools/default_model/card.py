@@ -74,10 +74,8 @@ minute). Final training loss {loss:.3f} (mean of the last {log_every} steps), he
 | perplexity, this model | {model_ppl:.2f} |
 | perplexity, unigram fitted on the training files | {unigram_ppl:.2f} |
 | unigram / model | {ratio:.1f}x |
-| single-line FIM exact match, PSM (engine FIM path) | {psm_exact}/{psm_n} = {psm_rate:.1%} \
-(code lines: {psm_code}) |
-| single-line FIM exact match, SPM | {spm_exact}/{spm_n} = {spm_rate:.1%} \
-(code lines: {spm_code}) |
+| single-line FIM exact match, PSM (engine FIM path) | {psm_all} (code lines: {psm_code}) |
+| single-line FIM exact match, SPM | {spm_all} (code lines: {spm_code}) |
 | the same lines predicted from the prefix alone (no FIM) | {next_line} |
 
 Perplexity: per token, non-overlapping {context}-token windows (the first token of each
@@ -172,7 +170,8 @@ def _fim_limits(evaluation: dict[str, Any]) -> str:
 
 def render_card(training: dict[str, Any], evaluation: dict[str, Any]) -> str:
     model, train = training["model"], training["train"]
-    mix = training.get("mix") or asdict(Mix())
+    # a mix field an older training.json lacks takes the value those runs used
+    mix = {**asdict(Mix(single_line=0.6, edit=0.0)), **(training.get("mix") or {})}
     psm, spm = evaluation["fim_psm"], evaluation["fim_spm"]
     return _TEMPLATE.format(
         python=training["python"], train_files=training["train_files"],
@@ -185,12 +184,9 @@ def render_card(training: dict[str, Any], evaluation: dict[str, Any]) -> str:
         train_min=training["train_s"] / 60, loss=training["final"]["loss"],
         heldout_loss=training["final"]["heldout_loss"], model_ppl=evaluation["model_ppl"],
         unigram_ppl=evaluation["unigram_ppl"], ratio=evaluation["unigram_over_model"],
-        psm_exact=psm["exact"], psm_n=psm["n"], psm_rate=psm["rate"],
-        spm_exact=spm["exact"], spm_n=spm["n"], spm_rate=spm["rate"],
-        samples=_samples(evaluation["samples"]),
-        **{**asdict(Mix(single_line=0.6, edit=0.0)), **mix},
-        edits=_edits(mix.get("edit", 0.0), training.get("edit_examples", 0),
-                     mix["middle_weight"]),
+        psm_n=psm["n"], psm_all=_exact(psm), spm_all=_exact(spm),
+        samples=_samples(evaluation["samples"]), **mix,
+        edits=_edits(mix["edit"], training.get("edit_examples", 0), mix["middle_weight"]),
         psm_share=1 - mix["spm"], precision=_PRECISION if train.get("bf16") else "",
         reproduce=_REPRODUCE, psm_code=_exact(psm, code=True), spm_code=_exact(spm, code=True),
         next_line=_exact(evaluation.get("next_line")), fim_limits=_fim_limits(evaluation))
