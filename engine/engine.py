@@ -278,6 +278,11 @@ class Engine:
     def max_total(self, options: GenerateOptions) -> int:
         return min(options.max_context or self.context_length, self.context_length)
 
+    def request_total(self, prompt_len: int, options: GenerateOptions) -> int:
+        """The tokens a request's KV may reach: its prompt and every token it may generate,
+        capped by the context."""
+        return min(self.max_total(options), prompt_len + options.max_new_tokens)
+
     def fim_request(
         self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
         order: FimOrder | None = None, extra_files: Sequence[FimFile] = (),
@@ -336,7 +341,7 @@ class Engine:
                   runner: DecodeRunner | None = None, dropped: int = 0) -> RequestRun:
         """Reuse what KV can be reused on `runner`, and set up the request's token loop."""
         runner = runner or self.runner
-        total = min(self.max_total(request.options), len(prompt) + request.options.max_new_tokens)
+        total = self.request_total(len(prompt), request.options)
         ensure_room(self, runner, total)  # before reuse imports KV, and after it cached pages
         cached = self.reuse.prepare(runner, prompt, session)
         ensure_room(self, runner, total)

@@ -42,6 +42,14 @@ def report_kv(engine: Engine) -> None:
     engine.governor.report(engine.governor.kv_tier, kv_bytes=engine.kv_bytes())
 
 
+def _under_limit(engine: Engine, tier: str) -> Callable[[], bool]:
+    """A check of the KV held now (reported first) against `tier`'s limit."""
+    def under() -> bool:
+        report_kv(engine)
+        return engine.governor.over_limit(tier) == 0
+    return under
+
+
 def page_admitter(engine: Engine) -> Callable[[int], bool]:
     """The page pool's `admit`: is there room for `nbytes` more, counting what is held
     now (not what was last reported), so no run of page allocations overshoots."""
@@ -60,11 +68,7 @@ def apply_limit(engine: Engine, scheduler: Scheduler | None, tier: str,
     governor = engine.governor
     change = governor.set_limit(tier, value)
     before, pages, spilled, preempted = engine.kv_bytes(), 0, 0, 0
-
-    def under() -> bool:
-        report_kv(engine)
-        return governor.over_limit(change.tier) == 0
-
+    under = _under_limit(engine, change.tier)
     if change.excess_bytes > 0 and change.tier == governor.kv_tier:
         pages, spilled = free_idle(engine, scheduler, under)
         budget = governor.budget(change.tier)  # no KV fits at all: preempting is futile
@@ -109,12 +113,7 @@ def free_idle(engine: Engine, scheduler: Scheduler | None,
 def relieve(engine: Engine, scheduler: Scheduler | None) -> None:
     """Between steps: when the engine holds more than its limit (a lone request ran over
     it, or memory moved), free idle KV until it is back under."""
-    governor = engine.governor
-
-    def under() -> bool:
-        report_kv(engine)
-        return governor.over_limit(governor.kv_tier) == 0
-
+    under = _under_limit(engine, engine.governor.kv_tier)
     if not under():
         free_idle(engine, scheduler, under)
 
@@ -155,8 +154,7 @@ def fit_buffers(engine: Engine, scheduler: Scheduler | None) -> None:
     for ticket in scheduler.active.values():
         run = ticket.run
         if run is not None:
-            total = min(engine.max_total(run.request.options),
-                        len(run.prompt) + run.request.options.max_new_tokens)
+            total = engine.request_total(len(run.prompt), run.request.options)
             reserved[id(run.runner)] = max(total, run.runner.length)
     for runner in engine.runners:
         if id(runner) not in reserved:

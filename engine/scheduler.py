@@ -376,9 +376,7 @@ class Scheduler:
         run = ticket.run
         assert run is not None
         tokens: list[int] = ticket.extra["parked_tokens"]  # type: ignore[assignment]
-        options = run.request.options
-        total = max(len(tokens), min(self.engine.max_total(options),
-                                     len(run.prompt) + options.max_new_tokens))
+        total = max(len(tokens), self.engine.request_total(len(run.prompt), run.request.options))
         runner.reset()
         if not make_room(self.engine, self, runner, total):
             if self.active:  # wait for room
