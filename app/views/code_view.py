@@ -116,6 +116,7 @@ class CodeView(QWidget):
         self._clock = QElapsedTimer()
         self._edits = 0
         self._asked: tuple[int, int, int] | None = None  # (request id, edits, cursor)
+        self._line_rest = ""  # the text after the cursor on its line, when asked
         #: Counters a test (or a curious user) can read.
         self.requests_sent = 0
         self.requests_aborted = 0
@@ -169,6 +170,9 @@ class CodeView(QWidget):
             "input_prefix": fim.prefix, "input_suffix": fim.suffix, "prompt": fim.prompt,
             "n_predict": self.n_predict, "temperature": 0.0, "stream": False,
             "cache_prompt": True, "t_max_predict_ms": 2000}
+        self._line_rest = fim.suffix.split("\n", 1)[0]
+        if self._line_rest.strip():
+            body["stop"] = ["\n"]  # mid-line: a one-line suggestion, and it comes sooner
         self.requests_sent += 1
         request_id = self.requests_sent
         self._asked = (request_id, self._edits, self.editor.textCursor().position())
@@ -197,6 +201,8 @@ class CodeView(QWidget):
         item = answer[0] if isinstance(answer, list) and answer else answer
         item = item if isinstance(item, dict) else {}
         text = trim_repetition(str(item.get("content") or "").rstrip())
+        if self._line_rest.strip():
+            text = fit_mid_line(text, self._line_rest)
         tokens = item.get("tokens_predicted")
         if not isinstance(tokens, int):
             tokens = (item.get("timings") or {}).get("predicted_n", 0)
@@ -264,3 +270,15 @@ def trim_repetition(text: str, min_repeats: int = 3, max_unit: int = 24) -> str:
             if rest == piece * whole + piece[:tail]:
                 return text[:start + unit].rstrip()
     return text
+
+
+def fit_mid_line(text: str, rest: str) -> str:
+    """A suggestion for a cursor with ``rest`` after it on the line: its first line only,
+    less the end that repeats what ``rest`` already holds (a model that writes
+    ``len(values)):`` before an existing ``):`` would otherwise show ``len(values)):):``)."""
+    line = text.split("\n", 1)[0].rstrip()
+    ahead = rest.strip()
+    for k in range(min(len(line), len(ahead)), 0, -1):
+        if line.endswith(ahead[:k]):
+            return line[:-k].rstrip()
+    return line

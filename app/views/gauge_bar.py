@@ -26,6 +26,11 @@ def label(text: str, name: str) -> QLabel:
     return widget
 
 
+def plural(n: int, word: str) -> str:
+    """``1 model``, ``2 models``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def human(n: int | float | None) -> str:
     """``212 MiB``, ``1.25 GiB``, ``512 KiB``, ``0 B``; "unknown" for None."""
     if n is None:
@@ -172,8 +177,11 @@ class Gauge(QWidget):
         self.figures.setText(figures)
         pal = self.palette()
         base = pal.color(QPalette.ColorRole.Base)
+        # non-breaking inside an item: a narrow panel wraps between items, never between
+        # a swatch and its label
         items = [f'<span style="color:{solid(role_colour(pal, s.role), base).name()}">'
-                 f"&#9632;</span> {html.escape(s.label)} {human(s.nbytes)}"
+                 f"&#9632;</span>&nbsp;"
+                 + html.escape(f"{s.label} {human(s.nbytes)}").replace(" ", "&nbsp;")
                  for s in segments if s.nbytes > 0]
         self.legend.setText(" &nbsp; ".join(items))
         self.legend.setVisible(bool(items))

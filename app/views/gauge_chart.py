@@ -1,12 +1,14 @@
 """A small live chart of the last minutes: memory (RAM, VRAM when there is a GPU, KV) on the
 left axis and the last answer's tokens/s on the right axis (QtCharts, from pyside6-addons).
 
-The x axis is seconds before now (``-180 … 0``); the chart is redrawn from the feed's
-history on each snapshot, which is cheap at one point a second.
+The x axis is seconds before now (``-180 … 0``; shorter, in 30 s steps, while less history
+exists); the chart is redrawn from the feed's history on each snapshot, which is cheap at
+one point a second.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from PySide6.QtCharts import QChart, QChartView, QLineSeries, QValueAxis
@@ -77,6 +79,10 @@ class LiveChart(QChartView):
     def show_history(self, history: Sequence[Sample], now: float) -> None:
         """Redraw from the feed's samples (``now``: the same clock as ``Sample.t``)."""
         fresh = [s for s in history if now - s.t <= self.window_s]
+        # the x axis grows in 30 s steps up to the window, so a fresh start is not a few
+        # points squeezed against the right edge of three empty minutes
+        span = max((now - s.t for s in fresh), default=0.0)
+        self.x_axis.setRange(-min(self.window_s, 30.0 * max(1, math.ceil(span / 30.0))), 0)
         biggest = max((v for s in fresh for v in (s.ram_used, s.vram_used, s.kv_bytes)
                        if v is not None), default=0)
         unit, name = (GIB, "GiB") if biggest >= 2 * GIB else (MIB, "MiB")

@@ -18,16 +18,12 @@ from PySide6.QtWidgets import QSlider, QVBoxLayout, QWidget
 
 from app.client import ApiFailure, JsonReply, single_shot
 from app.context import AppContext
-from app.views.gauge_bar import MIB, human, label
+from app.views.gauge_bar import MIB, human, label, plural
 
 TIER_WORDS = {"host_ram": "RAM", "vram": "VRAM", "disk": "disk"}
 #: The lowest limit offered when the weights are smaller (or not reported yet).
 FLOOR_BYTES = 64 * MIB
 DEBOUNCE_MS = 300
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _limit_words(text: str) -> str:
@@ -48,12 +44,12 @@ def describe_outcome(body: dict[str, Any]) -> str:
         head += f", was {_limit_words(str(change['previous']))}"
     actions = []
     if body.get("pages_evicted"):
-        actions.append(f"evicted {_plural(int(body['pages_evicted']), 'cached page')}")
+        actions.append(f"evicted {plural(int(body['pages_evicted']), 'cached page')}")
     if body.get("sessions_spilled"):
-        actions.append(f"released the KV of {_plural(int(body['sessions_spilled']), 'idle chat')}"
+        actions.append(f"released the KV of {plural(int(body['sessions_spilled']), 'idle chat')}"
                        " (recomputed on its next turn)")
     if body.get("requests_preempted"):
-        actions.append(f"preempted {_plural(int(body['requests_preempted']), 'request')}")
+        actions.append(f"preempted {plural(int(body['requests_preempted']), 'request')}")
     freed = int(body.get("bytes_freed") or 0)
     if freed or actions:
         tail = f"freed {human(freed)}" + (f": {', '.join(actions)}" if actions else "")

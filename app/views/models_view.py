@@ -43,6 +43,7 @@ from app.library import (
     library_roots,
 )
 from app.views.download_panel import DownloadPanel
+from app.views.gauge_bar import plural
 from app.views.models_table import ModelsTable, named, resolved
 
 HIDDEN_KEY = "library/hidden"
@@ -185,7 +186,7 @@ class ModelsView(QWidget):
         self._fill_table()
         missing = sum(1 for s in result.roots if not s.available)
         self.scan_status.setText(
-            f"{len(result.models)} models in {len(result.roots)} folders"
+            f"{plural(len(result.models), 'model')} in {plural(len(result.roots), 'folder')}"
             + (f" ({missing} unavailable)" if missing else ""))
         self._scan_ended()
         self.scanned.emit(result)

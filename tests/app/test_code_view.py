@@ -142,3 +142,40 @@ def test_a_suggestion_that_ends_in_a_loop_is_kept_once():
     # real repeats are code, not loops: kept
     for code in ("[0, 0, 0, 0]", "1000000", "# ---------", "a = 1\nb = 2", "values)):"):
         assert trim_repetition(code) == code
+
+
+def test_a_mid_line_suggestion_is_one_line_without_the_text_already_there():
+    from app.views.code_view import fit_mid_line
+
+    assert fit_mid_line("len(values)):", ":") == "len(values))"
+    assert fit_mid_line("len(values)):\n        total += 1", "):") == "len(values)"
+    assert fit_mid_line("x + c", " + c") == "x"
+    assert fit_mid_line("values", ")") == "values"  # no overlap: kept whole
+    assert fit_mid_line(":", ":") == ""  # nothing new to offer
+
+
+def test_mid_line_the_worker_is_asked_for_one_line(qtbot, ctx):
+    view = make_view(qtbot, ctx)
+    before, after = "def mean(values):\n    for i in range(", ":\n        pass\n"
+    view.editor.setPlainText(before + after)
+    cursor = view.editor.textCursor()
+    cursor.setPosition(len(before))
+    view.editor.setTextCursor(cursor)
+    sent: list[dict] = []
+    call = view.ctx.client.call
+
+    def spy(method, path, body=None, **kw):  # the real call, with the body kept
+        sent.append(body)
+        return call(method, path, body, **kw)
+
+    view.ctx.client.call = spy  # type: ignore[method-assign]
+    view.request_now()
+    qtbot.waitUntil(lambda: not view.in_flight, timeout=30_000)
+    assert sent[0]["stop"] == ["\n"] and sent[0]["input_suffix"].startswith(":\n")
+    assert "\n" not in view.suggestion and not view.suggestion.endswith(":")
+    # at the end of a line the suggestion may run over several lines: no stop is sent
+    view.editor.setPlainText("def mean(values):\n")
+    view.editor.moveCursor(QTextCursor.MoveOperation.End)
+    view.request_now()
+    qtbot.waitUntil(lambda: not view.in_flight, timeout=30_000)
+    assert "stop" not in sent[1]

@@ -14,8 +14,9 @@ import pytest
 
 from app.context import AppContext
 from app.paths import AppPaths
-from app.resources_feed import ResourcesFeed
+from app.resources_feed import ResourcesFeed, Sample
 from app.views.gauge_bar import MIB, human
+from app.views.gauge_chart import LiveChart
 from app.views.gauge_slider import describe_outcome
 from app.views.gauges import GaugesPanel
 from tests.app.conftest import SLOW, start_worker
@@ -91,7 +92,8 @@ def test_panel_shows_the_workers_ram_figures_and_says_it_runs_on_the_cpu(qtbot, 
     assert shown.group(2) == human(truth["limit"])
     assert abs(_bytes(shown.group(1)) - truth["used"]) < 0.02 * truth["used"] + 4 * MIB
     assert abs(_bytes(shown.group(3)) - truth["headroom"]) < 0.02 * truth["headroom"] + 4 * MIB
-    assert "weights" in panel.ram.legend.text() and "other programs" in panel.ram.legend.text()
+    legend = panel.ram.legend.text()
+    assert "weights&nbsp;" in legend and "other&nbsp;programs&nbsp;" in legend  # no break
     assert f"{truth['weights_bytes']:,} bytes" in panel.ram.toolTip()
     assert "Runs on: CPU" in panel.provider.text()
     assert panel.vram.bar.message == "no GPU" and "CPU" in panel.vram.figures.text()
@@ -110,6 +112,9 @@ def test_chart_gets_points_over_time_and_the_last_answer_speed_shows(qtbot, ctx)
                     timeout=10_000)
     xs = [p.x() for p in panel.chart.ram.points()]
     assert xs == sorted(xs) and xs[-1] <= 0 and xs[0] < xs[-1]  # seconds ago, in order
+    # a few seconds of history fill a 30 s axis, not the right edge of three minutes
+    assert panel.chart.x_axis.min() == -30 and panel.chart.x_axis.max() == 0
+    assert xs[0] >= -30
     assert all(p.y() > 0 for p in panel.chart.ram.points())  # RAM in use is never zero
     assert panel.feed.last is not None
     last = panel.feed.last["throughput"]["last"]
@@ -212,3 +217,19 @@ def test_the_feed_comes_back_after_the_worker_restarts(qtbot, paths, workers, mo
     qtbot.waitUntil(lambda: feed.events > count and feed.state == "live", timeout=20_000)
     assert feed.last is not None and feed.last["model"] == "qwen-coder-slow-coder"
     feed.stop()
+
+
+def test_the_chart_axis_grows_with_the_history_up_to_its_window(qtbot):
+    chart = LiveChart(window_s=180.0)
+    qtbot.addWidget(chart)
+
+    def history(seconds: float) -> list[Sample]:
+        return [Sample(t=1000.0 - seconds + i, ram_used=(100 + i) * MIB, vram_used=None,
+                       kv_bytes=MIB, tokens_per_s=None, ttft_ms=None)
+                for i in range(int(seconds) + 1)]
+
+    for seconds, low in ((5, -30), (31, -60), (100, -120), (400, -180)):
+        chart.show_history(history(seconds), now=1000.0)
+        assert (chart.x_axis.min(), chart.x_axis.max()) == (low, 0), seconds
+        shown = [p.x() for p in chart.ram.points()]
+        assert shown[0] >= max(low, -seconds) and shown[-1] == 0  # older points dropped
