@@ -46,6 +46,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/default-coder-train"))
     p.add_argument("--resume", action="store_true", help="continue from work-dir's checkpoint")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from the weights of this checkpoint.pt (same model config and "
+                        "tokenizer), with a fresh optimizer and schedule: a fine-tune")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--edit-share", type=float, default=0.0,
                    help="share of samples that are rename edits, taken from the FIM share "
@@ -97,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                          Mix(fim=0.0, chat=0.0))
     heldout_rows = torch.from_numpy(held.batch(16)[0])
     model = Decoder(model_cfg)
+    if ns.init_from is not None:
+        model.load_state_dict(torch.load(ns.init_from, weights_only=False)["model"])
+        print(f"weights from {ns.init_from}", flush=True)
     print(f"model: {model.num_parameters():,} parameters {model_cfg.as_dict()}", flush=True)
     history = train(model, builder, heldout_rows, train_cfg, ns.work_dir, resume=ns.resume)
     out = export_model(model, tok, ns.out)
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                "process_wall_s": round(time.time() - began, 1),
                "train_s": history[-1]["elapsed_s"] if history else 0.0,
                "final": history[-1] if history else {},
+               "init_from": str(ns.init_from) if ns.init_from else None,
                "mix": asdict(builder.mix), "threads": ns.threads, "torch": torch.__version__,
                "python": sys.version.split()[0]}
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
