@@ -29,18 +29,40 @@ class PromptLookup:
     An index of every n-gram (n <= ngram) to where its latest occurrence continues is kept
     up to date as the history grows, so a proposal costs O(ngram), not a scan of the
     history: what matters when nothing matches and each step pays for the lookup anyway.
+    A continuation that reaches the end of the history goes on copying what it has just
+    proposed (an overlapping copy, as in LZ77): in a loop of period p the latest
+    occurrence is p tokens back, and the guess would otherwise stop after p tokens.
+
+    While the output copies a stretch of the history token by token, the proposal follows
+    that stretch (a copy pointer) instead of the latest occurrence of the tail: in a
+    rewrite with a renamed variable the n-gram around each new name occurs in the output
+    itself, where it is followed by the wrong code. When the output leaves the stretch (a
+    name grows a suffix, a line is added), the pointer stays where the output left and the
+    copy resumes when the output comes back to it, or is dropped after ``patience`` tokens
+    that do not; meanwhile the n-gram lookup proposes. What the output inserted before
+    coming back is remembered by the token it followed: the next time the copy reaches that
+    token (the same name, renamed again), the guess is the insertion, then the copy.
     """
 
-    def __init__(self, ngram: int = 3, max_tokens: int = 8) -> None:
-        for name, value in (("ngram", ngram), ("max_tokens", max_tokens)):
+    def __init__(self, ngram: int = 3, max_tokens: int = 8, patience: int = 4) -> None:
+        for name, value in (("ngram", ngram), ("max_tokens", max_tokens),
+                            ("patience", patience)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidOptionError(f"prompt_lookup.{name}", f"expected an integer > 0, "
                                          f"got {value!r}", hint="e.g. ngram=3, max_tokens=8")
         self.ngram = ngram
         self.max_tokens = max_tokens
+        self.patience = patience
         self._seen: list[int] = []
         #: Per n: n-gram -> index just after its latest occurrence that has a continuation.
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram)]
+        #: The copy pointer: where in the history the output's next token is expected,
+        #: and how many tokens in a row the output has not matched it (None: no copy).
+        self._copy: int | None = None
+        self._missed = 0
+        #: What the output inserted after a copied token before the copy went on (a renamed
+        #: name's new suffix): last copied token -> the inserted tokens.
+        self._inserts: dict[int, tuple[int, ...]] = {}
 
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         """Up to `k` guessed tokens after `history` (empty when nothing matches)."""
@@ -48,15 +70,62 @@ class PromptLookup:
         if k <= 0:
             return []
         seq = self._sync(history)
+        copy, missed = self._copy, self._missed
+        if copy is not None:
+            # the copy, after what the output inserted at this point the last time
+            inserted = self._inserts.get(seq[copy - 1], ()) if copy > 0 else ()
+            if missed == 0 or inserted[:missed] == tuple(seq[-missed:]):
+                return self._continue(seq, copy, k, inserted[missed:])
+        start, n = self._latest(seq)
+        if start is None:
+            if copy is None:
+                return []
+            start = copy  # nothing matches: guess the copy resumes here
+        elif copy is None and n >= 2:
+            self._copy, self._missed = start, 0
+        return self._continue(seq, start, k)
+
+    @staticmethod
+    def _continue(seq: list[int], start: int, k: int, head: Sequence[int] = ()) -> list[int]:
+        """``head``, then ``seq`` from ``start`` on, ``k`` tokens in all; past the end of
+        the history the copy goes on over what it proposed (an overlapping copy)."""
+        out = list(head[:k])
+        skip = len(out)
+        while len(out) < k:
+            at = start + len(out) - skip  # where this token is in history + proposal
+            out.append(seq[at] if at < len(seq) else out[at - len(seq)])
+        return out
+
+    def _latest(self, seq: list[int]) -> tuple[int | None, int]:
+        """Where the latest earlier occurrence of the longest tail n-gram continues, and n."""
         for n in range(min(self.ngram, len(seq) - 1), 0, -1):
             start = self._index[n - 1].get(tuple(seq[-n:]))
             if start is not None:
-                return seq[start:start + k]
-        return []
+                return start, n
+        return None, 0
+
+    def _follow(self, seq: list[int], begin: int) -> None:
+        """Move the copy pointer over the tokens ``seq[begin:]`` the history gained."""
+        for i in range(begin, len(seq)):
+            if self._copy is None:
+                return
+            if self._copy < i and seq[self._copy] == seq[i]:
+                if self._copy > 0:  # what the output inserted before going on, if anything
+                    after = seq[self._copy - 1]
+                    if self._missed:
+                        self._inserts[after] = tuple(seq[i - self._missed:i])
+                    else:
+                        self._inserts.pop(after, None)
+                self._copy += 1
+                self._missed = 0
+            else:
+                self._missed += 1
+                if self._missed > self.patience:
+                    self._copy = None
 
     def _sync(self, history: Sequence[int]) -> list[int]:
         """Index what `history` added since the last call (from scratch if it is not an
-        extension of what was indexed)."""
+        extension of what was indexed) and move the copy pointer over it."""
         seen = self._seen
         done = len(seen)
         if len(history) < done or list(history[:done]) != seen:
@@ -64,7 +133,10 @@ class PromptLookup:
             for table in self._index:
                 table.clear()
             done = 0
+            self._copy, self._missed = None, 0
+            self._inserts.clear()
         seen.extend(int(t) for t in history[done:])
+        self._follow(seen, done)
         for end in range(max(done, 1), len(seen)):
             # the n-grams ending at `end`, continued by seen[end] (the tail is not indexed)
             for n in range(1, min(self.ngram, end) + 1):

@@ -20,14 +20,15 @@ def test_prompt_lookup_continues_the_latest_occurrence_of_the_tail():
     assert lookup.propose(history, 0) == []
 
 
-def _scan(history, k, ngram=3):
-    """The definition: continue the latest earlier occurrence of the longest tail n-gram."""
+def _scan(history, ngram=3):
+    """The definition: where the latest earlier occurrence of the longest tail n-gram
+    continues (None: no n-gram of the tail occurs earlier)."""
     for n in range(min(ngram, len(history) - 1), 0, -1):
         tail = history[-n:]
         for end in range(len(history) - 1, n - 1, -1):
             if history[end - n:end] == tail:
-                return history[end:end + k]
-    return []
+                return end
+    return None
 
 
 def test_the_incremental_index_agrees_with_a_scan_as_histories_grow_or_change():
@@ -36,10 +37,32 @@ def test_the_incremental_index_agrees_with_a_scan_as_histories_grow_or_change():
     for _ in range(100):
         history = rng.integers(0, 5, size=int(rng.integers(1, 6))).tolist()
         for _ in range(30):  # a growing history, indexed incrementally
-            assert lookup.propose(history, 4) == _scan(history, 4)
+            assert lookup._latest(lookup._sync(history))[0] == _scan(history)
             history = history + rng.integers(0, 5, size=int(rng.integers(1, 4))).tolist()
         other = rng.integers(0, 5, size=25).tolist()  # not an extension: re-indexed
-        assert lookup.propose(other, 4) == _scan(other, 4)
+        assert lookup._latest(lookup._sync(other))[0] == _scan(other)
+
+
+def test_a_guess_that_reaches_the_end_of_the_history_goes_on_copying_the_loop():
+    # the latest occurrence of (1, 2) is two tokens back: an overlapping copy, not [1, 2]
+    assert PromptLookup(ngram=3, max_tokens=8).propose([5, 1, 2, 1, 2], 6) == [1, 2] * 3
+    assert PromptLookup(ngram=3, max_tokens=8).propose([4, 3, 3], 4) == [3, 3, 3, 3]
+
+
+def test_a_rewrite_that_renames_a_name_is_followed_with_the_new_name():
+    lookup = PromptLookup(ngram=3, max_tokens=16)
+    source = [1, 7, 2, 3, 4, 9, 7, 5, 6, 8]  # a function in which the name 7 appears twice
+    history = [*source, 0, 1, 7]  # the rewrite starts copying it
+    assert lookup.propose(history, 3) == [2, 3, 4]
+    history += [99, 2, 3, 4, 9, 7]  # 7 became 7 99 (a suffix added), the rest copied
+    # the copy goes on after the renamed name with the same suffix; the latest
+    # occurrence of the tail alone (4, 9, 7) would have guessed 5 6 8
+    assert lookup.propose(history, 4) == [99, 5, 6, 8]
+    assert lookup.propose(history + [99], 3) == [5, 6, 8]  # still on track mid-insertion
+    # the output leaves the function for good: after `patience` misses the pointer is
+    # dropped and the n-gram lookup takes over again
+    history += [42, 43, 44, 45, 46, 1, 7]
+    assert lookup.propose(history, 3) == [99, 2, 3]
 
 
 def test_prompt_lookup_validates_its_settings():
