@@ -74,7 +74,10 @@ class PromptLookup:
         if copy is not None:
             # the copy, after what the output inserted at this point the last time
             inserted = self._inserts.get(seq[copy - 1], ()) if copy > 0 else ()
-            if missed == 0 or inserted[:missed] == tuple(seq[-missed:]):
+            if missed == 0:  # in step: the insertion first, unless the copied text has it
+                head = inserted if inserted and seq[copy] != inserted[0] else ()
+                return self._continue(seq, copy, k, head)
+            if inserted[:missed] == tuple(seq[-missed:]):  # in the middle of the insertion
                 return self._continue(seq, copy, k, inserted[missed:])
         start, n = self._latest(seq)
         if start is None:
@@ -85,15 +88,26 @@ class PromptLookup:
             self._copy, self._missed = start, 0
         return self._continue(seq, start, k)
 
-    @staticmethod
-    def _continue(seq: list[int], start: int, k: int, head: Sequence[int] = ()) -> list[int]:
-        """``head``, then ``seq`` from ``start`` on, ``k`` tokens in all; past the end of
-        the history the copy goes on over what it proposed (an overlapping copy)."""
+    def _continue(self, seq: list[int], start: int, k: int,
+                  head: Sequence[int] = ()) -> list[int]:
+        """``head``, then the copy of ``seq`` from ``start`` on, ``k`` tokens in all, with
+        each remembered insertion spliced in after the token it follows (unless the copied
+        text has it already). Past the end of the history the copy goes on over what it
+        proposed itself (an overlapping copy)."""
         out = list(head[:k])
-        skip = len(out)
+        n = len(seq)
+
+        def at(pos: int) -> int:  # the history, then this proposal
+            return seq[pos] if pos < n else out[pos - n]
+
+        pos = start
         while len(out) < k:
-            at = start + len(out) - skip  # where this token is in history + proposal
-            out.append(seq[at] if at < len(seq) else out[at - len(seq)])
+            token = at(pos)
+            pos += 1
+            out.append(token)
+            inserted = self._inserts.get(token)
+            if inserted and at(pos) != inserted[0]:
+                out.extend(inserted[:k - len(out)])
         return out
 
     def _latest(self, seq: list[int]) -> tuple[int | None, int]:

@@ -38,6 +38,9 @@ def test_the_incremental_index_agrees_with_a_scan_as_histories_grow_or_change():
         history = rng.integers(0, 5, size=int(rng.integers(1, 6))).tolist()
         for _ in range(30):  # a growing history, indexed incrementally
             assert lookup._latest(lookup._sync(history))[0] == _scan(history)
+            guess = lookup.propose(history, 4)  # the copy pointer's paths, on noise
+            assert len(guess) == (0 if _scan(history) is None and lookup._copy is None
+                                  else 4) and set(guess) <= set(history)
             history = history + rng.integers(0, 5, size=int(rng.integers(1, 4))).tolist()
         other = rng.integers(0, 5, size=25).tolist()  # not an extension: re-indexed
         assert lookup._latest(lookup._sync(other))[0] == _scan(other)
@@ -46,6 +49,11 @@ def test_the_incremental_index_agrees_with_a_scan_as_histories_grow_or_change():
 def test_a_guess_that_reaches_the_end_of_the_history_goes_on_copying_the_loop():
     # the latest occurrence of (1, 2) is two tokens back: an overlapping copy, not [1, 2]
     assert PromptLookup(ngram=3, max_tokens=8).propose([5, 1, 2, 1, 2], 6) == [1, 2] * 3
+    # a renamed copy that is itself copied again keeps one suffix, not two
+    lookup = PromptLookup(ngram=3, max_tokens=16)
+    history = [1, 7, 2, 3, 0, 1, 7, 99, 2, 3, 0, 1, 7]
+    lookup.propose(history[:7], 2)  # the copy of the first line begins
+    assert lookup.propose(history, 4) == [99, 2, 3, 0]
     assert PromptLookup(ngram=3, max_tokens=8).propose([4, 3, 3], 4) == [3, 3, 3, 3]
 
 
@@ -54,7 +62,10 @@ def test_a_rewrite_that_renames_a_name_is_followed_with_the_new_name():
     source = [1, 7, 2, 3, 4, 9, 7, 5, 6, 8]  # a function in which the name 7 appears twice
     history = [*source, 0, 1, 7]  # the rewrite starts copying it
     assert lookup.propose(history, 3) == [2, 3, 4]
-    history += [99, 2, 3, 4, 9, 7]  # 7 became 7 99 (a suffix added), the rest copied
+    history += [99, 2, 3]  # 7 became 7 99 (a suffix added), the rest is copied
+    # the insertion is spliced in where the copy passes the next 7
+    assert lookup.propose(history, 5) == [4, 9, 7, 99, 5]
+    history += [4, 9, 7]
     # the copy goes on after the renamed name with the same suffix; the latest
     # occurrence of the tail alone (4, 9, 7) would have guessed 5 6 8
     assert lookup.propose(history, 4) == [99, 5, 6, 8]
