@@ -172,8 +172,9 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
                                 for r in mine if r["arm"] == "lookup"),
             # og runs to min_length = max_length, which masks EOS; our arms do not stop at
             # EOS but do not mask it: compare up to the first EOS our greedy answer has
-            "og=plain": all(_until_eos(r["tokens"], eos)
-                            == _until_eos(first["plain"]["tokens"], eos)
+            # (og's tokens have no EOS: cut them where ours has its first)
+            "og=plain": all(r["tokens"][:len(ours)] == ours
+                            for ours in [_until_eos(first["plain"]["tokens"], eos)]
                             for r in mine if r["arm"] == "og")},
         "plain_eos_at": next((i for i, t in enumerate(first["plain"]["tokens"]) if t in eos),
                              None),
@@ -195,7 +196,26 @@ def resolve_model(name: str) -> Path:
     return path
 
 
+def task_lengths(args: argparse.Namespace, model: Path, eos: set[int]) -> dict[str, int]:
+    """Tokens to generate per task: the edit is timed up to where our greedy rewrite ends
+    (its first EOS, found by one plain run), so that what follows a finished rewrite (a
+    model left running after EOS writes unrelated code) is not counted as editing; the
+    novel task runs ``--new-tokens``."""
+    lengths = {task: args.new_tokens for task in TASKS}
+    probe = run_worker("bench.speculative", "--worker", "plain", "--model-dir", str(model),
+                       "--task", "edit", "--new-tokens", str(args.new_tokens),
+                       "--threads", str(args.threads))
+    ends = next((i for i, t in enumerate(probe["tokens"]) if t in eos), None)
+    if ends:  # an answer that is EOS at once has nothing to time: keep the full length
+        lengths["edit"] = ends
+    return lengths
+
+
 def run_comparison(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    from engine.model_dir import load_model_dir
+
+    eos = set(load_model_dir(model).eos_token_ids)
+    lengths = task_lengths(args, model, eos)
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for t, task in enumerate(TASKS):
@@ -203,16 +223,14 @@ def run_comparison(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             for arm in ARMS[k:] + ARMS[:k]:
                 res = run_worker("bench.speculative", "--worker", arm, "--model-dir",
                                  str(model), "--task", task, "--new-tokens",
-                                 str(args.new_tokens), "--threads", str(args.threads))
+                                 str(lengths[task]), "--threads", str(args.threads))
                 runs.append({"round": rnd, "task": task, "arm": arm, **res})
                 spec = res["speculation"] or {}
                 print(f"r{rnd} {task:5} {arm:6} {res['decode_tok_s']:7.1f} tok/s  load "
                       f"{res['loadavg_1m']:.1f}  accepted {spec.get('accepted', '-')}/"
                       f"{spec.get('proposed', '-')}", file=sys.stderr, flush=True)
-    from engine.model_dir import load_model_dir
-
-    eos = set(load_model_dir(model).eos_token_ids)
-    return {"tasks": {task: _stats(runs, task, eos) for task in TASKS}, "runs": runs}
+    return {"tasks": {task: _stats(runs, task, eos) for task in TASKS}, "runs": runs,
+            "lengths": lengths}
 
 
 def print_summary(summary: dict[str, Any]) -> None:
