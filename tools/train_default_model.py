@@ -82,6 +82,9 @@ def _seed_everything(seed: int, threads: int, deterministic: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = _args(argv)
+    if not 0.0 <= ns.edit_share <= Mix().fim:
+        raise SystemExit(f"--edit-share takes its samples from the FIM share: expected 0 to "
+                         f"{Mix().fim}, got {ns.edit_share}")
     model_cfg, train_cfg = _configs(ns)
     _seed_everything(train_cfg.seed, ns.threads, ns.deterministic)
     ns.work_dir.mkdir(parents=True, exist_ok=True)
