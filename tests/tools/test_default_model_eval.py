@@ -65,3 +65,19 @@ def test_a_rename_edit_sample_shows_the_function_asks_for_a_rename_and_weighs_th
     assert old in edits[0].names and new != old
     assert after == re.sub(rf"\b{old}\b", new, source.rstrip()) + "\n<|endoftext|>"
     assert weights[0] == 1.0 and weights[-1] == builder.mix.middle_weight
+
+
+def test_a_hole_on_a_first_line_counts_as_a_miss_for_next_line_prediction() -> None:
+    """The prefix-only baseline has nothing to continue on a file's first line: a miss,
+    not an empty-prompt error that ends the whole evaluation."""
+    from pathlib import Path
+
+    from tools.default_model.evaluate import FimHole, fim_exact_match
+
+    model = Path(__file__).resolve().parents[2] / "resources" / "models" / "default-coder"
+    holes = [FimHole("a.py", "", "x = 1\n", "import os"),
+             FimHole("a.py", "import os\n", "", "x = 1")]
+    result = fim_exact_match(model, holes, order="none", max_new_tokens=4, threads=1)
+    assert result.n == 2
+    assert result.per_hole[0][1] == "" and result.per_hole[0][2] is False
+    assert len(result.per_hole[1][1]) > 0  # the second hole was predicted

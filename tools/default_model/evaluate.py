@@ -184,6 +184,9 @@ def fim_exact_match(model_dir: Path, holes: list[FimHole], order: str = "psm",
         for hole in holes:
             if order == "none":
                 ids = tuple(engine.tokenizer.encode(hole.prefix))
+                if not ids:  # a hole on a file's first line: nothing to continue from
+                    rows.append((hole, "", False))
+                    continue
                 request = GenerateRequest(token_ids=ids, options=options)
             else:
                 request = engine.fim_request(hole.prefix, hole.suffix, options,
