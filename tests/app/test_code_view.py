@@ -172,6 +172,8 @@ def test_mid_line_the_worker_is_asked_for_one_line(qtbot, ctx):
     view.request_now()
     qtbot.waitUntil(lambda: not view.in_flight, timeout=30_000)
     assert sent[0]["stop"] == ["\n"] and sent[0]["input_suffix"].startswith(":\n")
+    assert re.match(r"(Suggestion in|No suggestion here) ", view.status.text()), \
+        view.status.text()  # the worker took the request (no error)
     assert "\n" not in view.suggestion and not view.suggestion.endswith(":")
     # at the end of a line the suggestion may run over several lines: no stop is sent
     view.editor.setPlainText("def mean(values):\n")
