@@ -146,8 +146,12 @@ def agreement_worker(model: Path, count: int, new_tokens: int, threads: int) -> 
             "new_tokens": new_tokens}
 
 
+def _first_eos(tokens: list[int], eos: set[int]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in eos), None)
+
+
 def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+    return tokens[:_first_eos(tokens, eos)]
 
 
 def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, Any]:
@@ -176,8 +180,7 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
             "og=plain": all(r["tokens"][:len(ours)] == ours
                             for ours in [_until_eos(first["plain"]["tokens"], eos)]
                             for r in mine if r["arm"] == "og")},
-        "plain_eos_at": next((i for i, t in enumerate(first["plain"]["tokens"]) if t in eos),
-                             None),
+        "plain_eos_at": _first_eos(first["plain"]["tokens"], eos),
         "expected_match_tokens": first["plain"]["expected_match"],
         "generated_tokens": len(first["plain"]["tokens"]),
         "prompt_tokens": first["plain"]["prompt_tokens"],
@@ -205,7 +208,7 @@ def task_lengths(args: argparse.Namespace, model: Path, eos: set[int]) -> dict[s
     probe = run_worker("bench.speculative", "--worker", "plain", "--model-dir", str(model),
                        "--task", "edit", "--new-tokens", str(args.new_tokens),
                        "--threads", str(args.threads))
-    ends = next((i for i, t in enumerate(probe["tokens"]) if t in eos), None)
+    ends = _first_eos(probe["tokens"], eos)
     if ends:  # an answer that is EOS at once has nothing to time: keep the full length
         lengths["edit"] = ends
     return lengths

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(corpus.train)} train / {len(corpus.heldout)} held-out files; "
           f"tokenizer {tok.get_vocab_size()} ({time.time() - began:.1f}s)", flush=True)
     chat = chat_examples(corpus.train)
-    edits = edit_examples(corpus.train)
+    edits = edit_examples(corpus.train) if ns.edit_share else []  # 2-3 s of parsing
     mix = Mix(fim=Mix().fim - ns.edit_share, edit=ns.edit_share)
     builder = SampleBuilder(tok, corpus.train, chat, train_cfg.seq_len, train_cfg.seed, mix,
                             edits=edits)

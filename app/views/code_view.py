@@ -116,7 +116,7 @@ class CodeView(QWidget):
         self._clock = QElapsedTimer()
         self._edits = 0
         self._asked: tuple[int, int, int] | None = None  # (request id, edits, cursor)
-        self._line_rest = ""  # the text after the cursor on its line, when asked
+        self._line_rest = ""  # the text after the cursor on its line, when asked mid-line
         #: Counters a test (or a curious user) can read.
         self.requests_sent = 0
         self.requests_aborted = 0
@@ -170,8 +170,9 @@ class CodeView(QWidget):
             "input_prefix": fim.prefix, "input_suffix": fim.suffix, "prompt": fim.prompt,
             "n_predict": self.n_predict, "temperature": 0.0, "stream": False,
             "cache_prompt": True, "t_max_predict_ms": 2000}
-        self._line_rest = fim.suffix.split("\n", 1)[0]
-        if self._line_rest.strip():
+        rest = fim.suffix.split("\n", 1)[0]
+        self._line_rest = rest if rest.strip() else ""
+        if self._line_rest:
             body["stop"] = ["\n"]  # mid-line: a one-line suggestion, and it comes sooner
         self.requests_sent += 1
         request_id = self.requests_sent
@@ -201,7 +202,7 @@ class CodeView(QWidget):
         item = answer[0] if isinstance(answer, list) and answer else answer
         item = item if isinstance(item, dict) else {}
         text = trim_repetition(str(item.get("content") or "").rstrip())
-        if self._line_rest.strip():
+        if self._line_rest:
             text = fit_mid_line(text, self._line_rest)
         tokens = item.get("tokens_predicted")
         if not isinstance(tokens, int):
