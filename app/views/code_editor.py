@@ -1,15 +1,16 @@
 """The code pane's editor: monospace text, a line-number gutter, Python colours, and a
 suggestion shown as grey "ghost" text at the cursor (Tab takes it, Esc drops it).
 
-The ghost text is painted over the viewport, never put in the document: undo, the text and
-the cursor stay the user's. The first line of a suggestion sits after the cursor (the rest
-of that line moves right of it); further lines are drawn over the lines below, on the
-editor's own background, until the suggestion is taken or dropped.
+The ghost text is never put in the document: undo, the text and the cursor stay the
+user's. It is laid out in the cursor's line as Qt lays out an input method's uncommitted
+text (the block layout's preedit area): the rest of that line moves right of it, and a
+suggestion of several lines pushes the lines below down, as editors show multi-line
+completions, instead of covering them.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal
 from PySide6.QtGui import (
     QFontDatabase,
     QKeyEvent,
@@ -17,13 +18,18 @@ from PySide6.QtGui import (
     QPaintEvent,
     QPalette,
     QResizeEvent,
+    QTextBlock,
+    QTextCharFormat,
     QTextFormat,
+    QTextLayout,
 )
 from PySide6.QtWidgets import QPlainTextEdit, QTextEdit, QWidget
 
 from app.views.code_highlight import PythonHighlighter
 
 TAB_WIDTH = 4
+# Marks the ghost's format range among a block layout's formats.
+_GHOST_PROPERTY = int(QTextFormat.Property.UserProperty) + 71
 
 
 class LineNumbers(QWidget):
@@ -80,6 +86,7 @@ class CodeEditor(QPlainTextEdit):
         self.setTabStopDistance(self.fontMetrics().horizontalAdvance(" ") * TAB_WIDTH)
         self._ghost = ""
         self._ghost_at = -1
+        self._ghost_block: QTextBlock | None = None
         self.highlighter = PythonHighlighter(self.document(), self.palette())
         self.gutter = LineNumbers(self)
         self.blockCountChanged.connect(self._fit_gutter)
@@ -97,9 +104,36 @@ class CodeEditor(QPlainTextEdit):
 
     def set_ghost(self, text: str) -> None:
         """Show ``text`` as a suggestion at the cursor ("" hides it)."""
+        self._unlay_ghost()
         self._ghost = text
         self._ghost_at = self.textCursor().position() if text else -1
+        if text:
+            self._lay_ghost()
         self.viewport().update()
+
+    def _lay_ghost(self) -> None:
+        cursor = self.textCursor()
+        block = cursor.block()
+        layout = block.layout()
+        at = cursor.positionInBlock()
+        shown = self._ghost.replace("\r\n", "\n").replace("\n", "\u2028")  # line breaks
+        ghost_format = QTextCharFormat()
+        ghost_format.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        ghost_format.setProperty(_GHOST_PROPERTY, True)
+        grey = QTextLayout.FormatRange()
+        grey.start, grey.length, grey.format = at, len(shown), ghost_format
+        layout.setPreeditArea(at, shown)
+        layout.setFormats([*_shifted(_without_ghost(layout.formats()), at, len(shown)), grey])
+        self._ghost_block = block
+        self.document().markContentsDirty(block.position(), block.length())
+
+    def _unlay_ghost(self) -> None:
+        block, self._ghost_block = self._ghost_block, None
+        if block is None or not block.isValid():
+            return
+        block.layout().setPreeditArea(-1, "")
+        self.highlighter.rehighlightBlock(block)  # its colours back on the block's own text
+        self.document().markContentsDirty(block.position(), block.length())
 
     def clear_ghost(self) -> None:
         if self._ghost:
@@ -147,44 +181,6 @@ class CodeEditor(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
-    # --- painting ---------------------------------------------------------------------------
-
-    def paintEvent(self, event: QPaintEvent) -> None:
-        super().paintEvent(event)
-        if self._ghost and self._ghost_at == self.textCursor().position():
-            self._paint_ghost()
-
-    def _paint_ghost(self) -> None:
-        painter = QPainter(self.viewport())
-        painter.setFont(self.font())
-        palette = self.palette()
-        base = palette.color(QPalette.ColorRole.Base)
-        grey = palette.color(QPalette.ColorRole.PlaceholderText)
-        metrics = self.fontMetrics()
-        tabs = " " * TAB_WIDTH
-        lines = self._ghost.replace("\t", tabs).split("\n")
-        caret = self.cursorRect()
-        height = caret.height()
-        cursor = self.textCursor()
-        rest = cursor.block().text()[cursor.positionInBlock():].replace("\t", tabs)
-        x, y = caret.left() + 1, caret.top()
-        first = metrics.horizontalAdvance(lines[0])
-        line_colour = palette.color(QPalette.ColorRole.AlternateBase)  # the current line
-        painter.fillRect(QRect(x, y, first + metrics.horizontalAdvance(rest) + 2, height),
-                         line_colour)
-        painter.setPen(grey)
-        painter.drawText(QPoint(x, y + metrics.ascent()), lines[0])
-        if rest:
-            painter.setPen(palette.color(QPalette.ColorRole.Text))
-            painter.drawText(QPoint(x + first, y + metrics.ascent()), rest)
-        left = round(self.contentOffset().x() + self.document().documentMargin())
-        painter.setPen(grey)
-        for line in lines[1:]:
-            y += height
-            painter.fillRect(QRect(0, y, self.viewport().width(), height), base)
-            painter.drawText(QPoint(left, y + metrics.ascent()), line)
-        painter.end()
-
     # --- gutter and current line ------------------------------------------------------------
 
     def gutter_width(self) -> int:
@@ -212,6 +208,8 @@ class CodeEditor(QPlainTextEdit):
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
             self.highlighter.set_palette(self.palette())
+            if self._ghost:  # its grey follows the palette
+                self.set_ghost(self._ghost)
             self._on_cursor_moved()
 
     def _on_cursor_moved(self) -> None:
@@ -224,3 +222,19 @@ class CodeEditor(QPlainTextEdit):
         selection.cursor.clearSelection()
         self.setExtraSelections([selection])
         self.gutter.update()
+
+
+def _without_ghost(ranges: list[QTextLayout.FormatRange]) -> list[QTextLayout.FormatRange]:
+    return [r for r in ranges if not r.format.hasProperty(_GHOST_PROPERTY)]
+
+
+def _shifted(ranges: list[QTextLayout.FormatRange], at: int,
+             inserted: int) -> list[QTextLayout.FormatRange]:
+    """The highlighter's ranges (positions in the block's text) moved to positions in the
+    laid-out text, where ``inserted`` characters of ghost text sit at ``at``."""
+    for r in ranges:
+        if r.start >= at:
+            r.start += inserted
+        elif r.start + r.length > at:  # a range the ghost splits also covers the ghost
+            r.length += inserted
+    return ranges
