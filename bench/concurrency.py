@@ -86,8 +86,10 @@ def worker(model: Path, threads: int) -> dict[str, Any]:
     rng = np.random.default_rng(1)
 
     def fresh() -> Any:
-        return Engine.load(model, EngineConfig(intra_op_threads=threads, max_batch=4,
-                                               prefix_cache=False))
+        engine = Engine.load(model, EngineConfig(intra_op_threads=threads, max_batch=4,
+                                                 prefix_cache=False))
+        engine.wait_huge_pages()  # the background collapse would share the cores with the run
+        return engine
 
     engine = fresh()
     vocab = engine.spec.vocab_size

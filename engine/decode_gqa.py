@@ -35,12 +35,15 @@ class KVBank:
         self.generation = 0  # bumped on reallocation: runners rebind their pointers
         self.runners: list[SharedBufferRunner] = []
         self._binding = session.io_binding()
+        self._bound: tuple[int, int] | None = None  # (rows, generation) the KV is bound for
         vocab = spec.vocab_size
         self._logits_dtype = np.float16 if spec.logits_dtype == "float16" else np.float32
         self._ids = np.zeros((max_rows, 1), dtype=np.int64)
         self._logits = np.empty((max_rows, 1, vocab), dtype=self._logits_dtype)
         self._arange = np.arange(context_length, dtype=np.int64)
-        self._mask = np.zeros((max_rows, context_length), dtype=np.int64)
+        # rows x total, contiguous at the front of one buffer whose address is resolved once
+        self._mask = np.zeros(max_rows * context_length, dtype=np.int64)
+        self._mask_ptr = self._mask.ctypes.data
 
     @property
     def nbytes(self) -> int:
@@ -99,27 +102,31 @@ class KVBank:
         for runner, token in zip(runners, tokens, strict=True):
             self._ids[runner.row, 0] = token
         total = int(lengths.max()) + 1
-        np.less(self._arange[:total], (lengths + 1)[:, None], out=self._mask[:hi, :total],
-                casting="unsafe")
+        np.less(self._arange[:total], (lengths + 1)[:, None],
+                out=self._mask[: hi * total].reshape(hi, total), casting="unsafe")
         b = self._binding
-        for pair, buf in zip(self.spec.kv_pairs, self.kv, strict=True):
-            shape = (hi, *buf.shape[1:])
-            bind_array(b, pair.input, buf, shape)
-            b.bind_output(pair.output, "cpu", 0, buf.dtype, list(shape), buf.ctypes.data)
-        bind_array(b, self.spec.input_ids, self._ids, (hi, 1))
-        mask = np.ascontiguousarray(self._mask[:hi, :total])
+        if self._bound != (hi, self.generation):  # KV, ids and logits: bound once per shape
+            for pair, buf in zip(self.spec.kv_pairs, self.kv, strict=True):
+                shape = (hi, *buf.shape[1:])
+                bind_array(b, pair.input, buf, shape)
+                b.bind_output(pair.output, "cpu", 0, buf.dtype, list(shape), buf.ctypes.data)
+            bind_array(b, self.spec.input_ids, self._ids, (hi, 1))
+            b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
+                          [hi, 1, self.spec.vocab_size], self._logits.ctypes.data)
+            self._bound = (hi, self.generation)
         if self.spec.attention_mask:
-            bind_array(b, self.spec.attention_mask, mask, (hi, total))
+            b.bind_input(self.spec.attention_mask, "cpu", 0, np.int64, [hi, total],
+                         self._mask_ptr)
         if self.spec.position_ids:
             pos = np.ascontiguousarray(lengths[:, None])
             bind_array(b, self.spec.position_ids, pos, (hi, 1))
-        b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
-                      [hi, 1, self.spec.vocab_size], self._logits.ctypes.data)
         self.session.run_with_iobinding(b)
         for runner, token in zip(runners, tokens, strict=True):
             runner.length += 1
             runner.tokens.append(int(token))
         rows = [r.row for r in runners]
+        if rows == list(range(hi)):  # every row, in order: a view, no copy of [rows, V]
+            return self._logits[:hi, 0].astype(np.float32, copy=False)
         return self._logits[rows, 0].astype(np.float32, copy=False)
 
 
