@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,10 +30,19 @@ from app.context import AppContext
 from app.paths import AppPaths
 from tests.engine.server.live import SLOW_SPEC, write_model
 from tests.forge import ForgeSpec
+from tests.forge.tokenizer import EOS_TOKEN_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "qwen-coder-tiny"
 SLOW = "slow-coder"
+
+
+def answers_of(max_tokens: int) -> Any:
+    """The chat panel's sampling, greedy with the end-of-text token barred: the forged
+    model's random weights would otherwise end some answers before a test can stop or kill
+    them mid-answer."""
+    return lambda: {"temperature": 0.0, "max_tokens": max_tokens,
+                    "logit_bias": {str(EOS_TOKEN_ID): -100}}
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,7 @@ from PySide6.QtWidgets import QDialog
 from app.context import AppContext
 from app.store import ChatStore
 from app.views.main_window import VIEWS, MainWindow
-from tests.app.conftest import SLOW, TINY
-from tests.forge.tokenizer import EOS_TOKEN_ID
+from tests.app.conftest import SLOW, TINY, answers_of
 
 KILLS = 10
 
@@ -99,13 +98,6 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
         text for r in range(KILLS) for text in (f"question {r}", f"and again {r}")]
     assert all(m.content for m in messages)
     fresh.close()
-
-
-def answers_of(max_tokens: int):
-    """The chat panel's sampling, with the end-of-text token barred: the forged model's
-    random weights would otherwise end some answers before there is anything to kill."""
-    return lambda: {"temperature": 0.0, "max_tokens": max_tokens,
-                    "logit_bias": {str(EOS_TOKEN_ID): -100}}
 
 
 def last_answer(ctx: AppContext, chat):

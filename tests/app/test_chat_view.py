@@ -13,7 +13,7 @@ from app.store import ChatStore, Message
 from app.views import chat_list, chat_view
 from app.views.chat_message import MessageWidget
 from app.views.chat_view import ChatView
-from tests.app.conftest import SLOW, start_worker
+from tests.app.conftest import SLOW, answers_of, start_worker
 
 ANSWER_MS = 60_000
 
@@ -67,8 +67,8 @@ def test_answer_streams_in_pieces_is_saved_and_counts_tokens(qtbot, view):
     assert view.store.conversation(view.current_conversation_id()).title == "hello there"
 
 
-def test_escape_stops_mid_answer_and_keeps_the_text(qtbot, view):
-    view.settings.max_tokens.setValue(400)
+def test_escape_stops_mid_answer_and_keeps_the_text(qtbot, view, monkeypatch):
+    monkeypatch.setattr(view.settings, "sampling", answers_of(400))
     with qtbot.waitSignal(view.answer_started):
         view.send("write a lot")
     qtbot.waitUntil(lambda: len(view.message_widgets()[-1].text()) > 5, timeout=ANSWER_MS)
@@ -79,6 +79,7 @@ def test_escape_stops_mid_answer_and_keeps_the_text(qtbot, view):
     assert "stopped" in view.message_widgets()[-1].info.text()
     assert view.send_button.isEnabled() and not view.stop_button.isEnabled()
     # regenerate right after a stop (the worker may still be closing that turn)
+    monkeypatch.setattr(view.settings, "sampling", answers_of(16))
     again = answer(qtbot, view, view.regenerate)
     assert again.state == "done" and again.id != final.id
     assert [m.role for m in view.store.messages(view.current_conversation_id())] == [
@@ -227,7 +228,7 @@ def test_code_blocks_render_monospace_with_a_copy_link(qtbot):
 
 
 def test_worker_dying_mid_answer_keeps_the_text_and_the_next_send_works(
-        qtbot, ctx, paths, models_root, live_worker, tmp_path):
+        qtbot, ctx, paths, models_root, live_worker, tmp_path, monkeypatch):
     home = tmp_path / "own-worker"
     home.mkdir()
     proc, ready = start_worker(models_root / SLOW, [models_root], home)
@@ -237,7 +238,7 @@ def test_worker_dying_mid_answer_keeps_the_text_and_the_next_send_works(
         view = ChatView(ctx)
         qtbot.addWidget(view)
         view.show()
-        view.settings.max_tokens.setValue(400)
+        monkeypatch.setattr(view.settings, "sampling", answers_of(400))
         with qtbot.waitSignal(view.answer_started):
             view.send("talk for a while")
         qtbot.waitUntil(lambda: len(view.message_widgets()[-1].text()) > 5, timeout=ANSWER_MS)
@@ -256,7 +257,7 @@ def test_worker_dying_mid_answer_keeps_the_text_and_the_next_send_works(
     ctx.client.configure(url, None, token)
     ctx.ready.emit()
     assert not view.notice.isVisible()
-    view.settings.max_tokens.setValue(16)
+    monkeypatch.setattr(view.settings, "sampling", answers_of(16))
     final = answer(qtbot, view, lambda: view.send("are you back?"))
     assert final.state == "done" and final.content
     conv_id = view.current_conversation_id()

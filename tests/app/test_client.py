@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.client import ApiFailure, ChatOutcome, WorkerClient
+from tests.app.conftest import answers_of
 
 
 def test_model_card_names_the_served_model_and_its_folder(ctx):
@@ -45,7 +46,7 @@ def test_unreachable_worker_is_status_zero_not_an_exception(qtbot):
 
 
 def test_abort_stops_a_stream_without_further_signals(qtbot, ctx):
-    stream = ctx.client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 400})
+    stream = ctx.client.chat([{"role": "user", "content": "hi"}], answers_of(400)())
     seen: list[object] = []
     stream.finished.connect(seen.append)
     stream.failed.connect(seen.append)
