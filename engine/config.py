@@ -14,6 +14,9 @@ from engine.errors import InvalidOptionError
 StopSequence = str | tuple[int, ...]
 
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
+#: The worker's ORT thread spin, µs: long enough to bridge the gaps between a decode step's
+#: operators, short enough to give a core back at once (`python -m bench.spin`).
+WORKER_SPIN_US = 5
 
 
 def _check_int(name: str, value: object, *, minimum: int, hint: str) -> None:
@@ -214,9 +217,10 @@ class EngineConfig:
     #: None = the machine's physical cores.
     intra_op_threads: int | None = None
     #: How long idle ORT threads spin before they sleep, in microseconds: None = ONNX
-    #: Runtime's own default (fastest on a quiet machine), 0 = never spin. The worker
-    #: uses 0: a desktop app must not burn idle CPU, and spinning threads collapse when
-    #: other programs want the cores (bench/README.md has the numbers).
+    #: Runtime's own default (spins long after a request: idle CPU, and slow when other
+    #: programs want the cores), 0 = never spin (every parallel operator wakes sleeping
+    #: threads). The worker uses WORKER_SPIN_US: threads stay awake between the operators
+    #: of a step and sleep at once after it (`python -m bench.spin`, bench/README.md).
     spin_duration_us: int | None = None
     #: Prompt tokens per prefill forward.
     prefill_chunk_size: int = 512

@@ -36,13 +36,14 @@ log = logging.getLogger("engine.server")
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     token, token_file = ensure_admin_token(args.admin_token_file)
-    # A desktop worker: threads never spin (no idle CPU burned), and editors' prompts
-    # keep their KV in the tiered store so a restart does not recompute them.
+    # A desktop worker: threads spin only for microseconds (between a step's operators,
+    # never once a request is done), and editors' prompts keep their KV in the tiered
+    # store so a restart does not recompute them.
     store = None if args.no_kv_store else KVStoreConfig(
         disk_dir=str(args.kv_store_dir) if args.kv_store_dir else None)
     engine = EngineConfig(provider=args.provider, intra_op_threads=args.threads,
                           kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
-                          host_ram_limit=args.host_ram_limit, spin_duration_us=0,
+                          host_ram_limit=args.host_ram_limit, spin_duration_us=args.spin_us,
                           kv_store=store)
     model = args.model
     if model is None and not args.models_dir and not args.no_default_model:
