@@ -64,8 +64,8 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
              huge_pages: bool = True) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
-    # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` is the
-    # worker's setting: threads never spin, so an idle app burns no CPU.
+    # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` never
+    # spins (the worker's setting until it moved to a 5 µs spin: see bench.spin).
     # `ours-4k` leaves the weights on 4 KiB pages (EngineConfig.huge_pages off): what the
     # huge-page advice gains.
     knob: dict[str, Any] = {} if spin else {"spin_duration_us": 0}
