@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--url", help="use a running worker instead of starting one")
     p.add_argument("--api-key", help="the running worker's --api-key")
     p.add_argument("--threads", type=int, default=2, help="the worker's intra-op threads")
+    p.add_argument("--spin-us", type=int, help="the worker's --spin-us (default: its own)")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)
 
@@ -70,9 +71,11 @@ def default_model() -> Path:
     return folder
 
 
-def start_worker(model: Path, threads: int, out: Path) -> tuple[subprocess.Popen[str], str]:
+def start_worker(model: Path, threads: int, out: Path,
+                 spin_us: int | None = None) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model), "--port", "0",
-           "--threads", str(threads), "--admin-token-file", str(out / "load-admin-token")]
+           "--threads", str(threads), "--admin-token-file", str(out / "load-admin-token"),
+           *(["--spin-us", str(spin_us)] if spin_us is not None else [])]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     model = None
     if url is None:
         model = args.model or default_model()
-        proc, url = start_worker(model, args.threads, args.out)
+        proc, url = start_worker(model, args.threads, args.out, args.spin_us)
     try:
         report = asyncio.run(run(args, url))
     finally:
