@@ -231,10 +231,17 @@ def _without_ghost(ranges: list[QTextLayout.FormatRange]) -> list[QTextLayout.Fo
 def _shifted(ranges: list[QTextLayout.FormatRange], at: int,
              inserted: int) -> list[QTextLayout.FormatRange]:
     """The highlighter's ranges (positions in the block's text) moved to positions in the
-    laid-out text, where ``inserted`` characters of ghost text sit at ``at``."""
+    laid-out text, where ``inserted`` characters of ghost text sit at ``at``; a range the
+    ghost splits becomes two, so none of its format (a keyword's bold) reaches the ghost."""
+    out = []
     for r in ranges:
         if r.start >= at:
             r.start += inserted
-        elif r.start + r.length > at:  # a range the ghost splits also covers the ghost
-            r.length += inserted
-    return ranges
+        elif r.start + r.length > at:
+            tail = QTextLayout.FormatRange()
+            tail.start, tail.length = at + inserted, r.start + r.length - at
+            tail.format = r.format
+            r.length = at - r.start
+            out.append(tail)
+        out.append(r)
+    return out

@@ -86,3 +86,14 @@ def test_moving_the_cursor_or_typing_drops_the_suggestion_and_its_room(qtbot):
     qtbot.keyClicks(editor, "n")
     assert editor.ghost == "" and line_top(editor, 3) == before
     assert editor.toPlainText() == CODE[:AT] + "n" + CODE[AT:]
+
+
+def test_a_suggestion_inside_a_keyword_splits_its_colour_and_takes_none_of_it(qtbot):
+    at = len("    ret")
+    editor = make_editor(qtbot, "    return value\n", at=at)
+    editor.set_ghost("GHOST")
+    formats = editor.document().firstBlock().layout().formats()
+    bold = sorted((r.start, r.length) for r in formats if r.format.fontWeight() > 400)
+    assert bold == [(4, 3), (at + 5, 3)]  # "ret" and "urn", around the ghost
+    over_ghost = [r for r in formats if r.start < at + 5 and r.start + r.length > at]
+    assert len(over_ghost) == 1 and over_ghost[0].format.fontWeight() <= 400
