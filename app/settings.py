@@ -82,6 +82,12 @@ class AppSettings(QObject):
     def threads(self) -> int:
         return self.value("worker/threads", 0)
 
+    @property
+    def threads_stay_awake(self) -> bool:
+        """Model threads spin for microseconds between a step's operators (the worker's
+        default; faster on a quiet computer) instead of sleeping at once."""
+        return self.value("worker/threads_stay_awake", True)
+
     # --- models ---------------------------------------------------------------------------
 
     @property

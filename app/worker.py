@@ -39,6 +39,8 @@ class WorkerOptions:
     port: int = 0
     api_key: str | None = None
     threads: int = 0
+    #: False: the worker's threads never spin (`--spin-us 0`), for an always-busy machine
+    threads_stay_awake: bool = True
     host_ram_limit: str = "auto"
     vram_limit: str = "auto"
     admin_token_file: str | None = None
@@ -58,6 +60,8 @@ class WorkerOptions:
             args += ["--api-key", self.api_key]
         if self.threads > 0:
             args += ["--threads", str(self.threads)]
+        if not self.threads_stay_awake:
+            args += ["--spin-us", "0"]
         if self.admin_token_file:
             args += ["--admin-token-file", self.admin_token_file]
         if self.kv_store_dir:

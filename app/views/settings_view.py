@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFormLayout,
     QGroupBox,
@@ -85,12 +86,20 @@ class SettingsView(QWidget):
         self.threads = named(QSpinBox(), "threads")
         self.threads.setRange(0, 256)
         self.threads.setSpecialValueText("automatic")
+        self.stay_awake = named(QCheckBox("Keep model threads awake between steps"),
+                                "threadsStayAwake")
+        self.stay_awake.setToolTip(
+            "On: threads wait a few microseconds for the next step instead of sleeping "
+            "(about 1.2-1.4x faster answers on a quiet computer; no CPU used once an "
+            "answer is done).\nOff: may be faster when other programs keep every core "
+            "busy all the time.")
         self.api_key = named(QLineEdit(), "apiKey")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.api_key.setPlaceholderText("none: only programs on this computer can connect")
         form.addRow("Run models on", self.provider)
         form.addRow("Port", self.port)
         form.addRow("CPU threads", self.threads)
+        form.addRow("", self.stay_awake)
         form.addRow("API key for editors", self.api_key)
         return box
 
@@ -120,6 +129,7 @@ class SettingsView(QWidget):
         self.provider.setCurrentIndex(max(0, index))
         self.port.setValue(s.port)
         self.threads.setValue(s.threads)
+        self.stay_awake.setChecked(s.threads_stay_awake)
         self.api_key.setText(s.api_key)
         self.remote_url.setText(s.remote_url)
 
@@ -132,6 +142,7 @@ class SettingsView(QWidget):
         s.set_value("worker/provider", self.provider.currentData())
         s.set_value("worker/port", self.port.value())
         s.set_value("worker/threads", self.threads.value())
+        s.set_value("worker/threads_stay_awake", self.stay_awake.isChecked())
         s.set_value("worker/api_key", self.api_key.text().strip())
         s.set_value("worker/remote_url", url)
         self.restart()

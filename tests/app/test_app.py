@@ -135,6 +135,28 @@ def test_remote_server_setting_points_the_app_at_another_server(qtbot, window, l
     assert "http://" in settings_view.result.text()
 
 
+def test_unticking_keep_threads_awake_restarts_the_worker_without_spinning(qtbot, window,
+                                                                           models_root):
+    import psutil
+
+    start(qtbot, window, str(models_root / TINY))
+    worker = window.ctx.worker
+    assert worker is not None and worker.pid is not None
+    assert "--spin-us" not in psutil.Process(worker.pid).cmdline()  # the worker's default
+    settings_view = window.show_view("settings")
+    assert settings_view.stay_awake.isChecked()
+    settings_view.stay_awake.setChecked(False)
+    with qtbot.waitSignal(window.ctx.model_changed, timeout=30_000,
+                          check_params_cb=lambda card: card is not None):
+        settings_view.apply_button.click()
+    worker = window.ctx.worker
+    assert worker is not None and worker.pid is not None
+    cmdline = psutil.Process(worker.pid).cmdline()
+    assert cmdline[cmdline.index("--spin-us") + 1] == "0"
+    assert window.ctx.settings.threads_stay_awake is False
+    assert window.state_label.text() == "Worker: ready"
+
+
 def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
     ctx = AppContext(paths)
     first = MainWindow(ctx)
