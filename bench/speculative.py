@@ -164,6 +164,10 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
     share = statistics.median(r["speculation"]["propose_ms"] / 1e3 * r["decode_tok_s"]
                               / max(1, len(r["tokens"]) - 1)
                               for r in mine if r["arm"] == "lookup")
+    # og runs to min_length = max_length, which masks EOS; our arms do not stop at EOS but
+    # do not mask it: compare up to the first EOS our greedy answer has (og's tokens have
+    # no EOS: cut them where ours has its first)
+    ours = _until_eos(first["plain"]["tokens"], eos)
     return {
         "best_tok_s": best, "median_tok_s": med,
         "lookup_vs_plain": best["lookup"] / best["plain"],
@@ -174,11 +178,7 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
         "tokens_identical": {
             "lookup=plain": all(r["tokens"] == first["plain"]["tokens"]
                                 for r in mine if r["arm"] == "lookup"),
-            # og runs to min_length = max_length, which masks EOS; our arms do not stop at
-            # EOS but do not mask it: compare up to the first EOS our greedy answer has
-            # (og's tokens have no EOS: cut them where ours has its first)
             "og=plain": all(r["tokens"][:len(ours)] == ours
-                            for ours in [_until_eos(first["plain"]["tokens"], eos)]
                             for r in mine if r["arm"] == "og")},
         "plain_eos_at": _first_eos(first["plain"]["tokens"], eos),
         "expected_match_tokens": first["plain"]["expected_match"],

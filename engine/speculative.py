@@ -142,7 +142,7 @@ class PromptLookup:
         extension of what was indexed) and move the copy pointer over it."""
         seen = self._seen
         done = len(seen)
-        if len(history) < done or not _same_at(history, seen, done):
+        if len(history) < done or not _same_at(history, seen):
             seen.clear()
             for table in self._index:
                 table.clear()
@@ -158,10 +158,11 @@ class PromptLookup:
         return seen
 
 
-def _same_at(history: Sequence[int], seen: list[int], done: int) -> bool:
+def _same_at(history: Sequence[int], seen: list[int]) -> bool:
     """Whether ``history`` starts with ``seen``, checked at its ends and six points between
     (a whole compare per step grows with the context; a history that changed elsewhere only
     makes guesses worse, never output wrong: every guess is verified)."""
+    done = len(seen)
     if done == 0:
         return True
     points = {0, done - 1, *(done * i // 7 for i in range(1, 7))}

@@ -28,8 +28,6 @@ from PySide6.QtWidgets import QPlainTextEdit, QTextEdit, QWidget
 from app.views.code_highlight import PythonHighlighter
 
 TAB_WIDTH = 4
-# Marks the ghost's format range among a block layout's formats.
-_GHOST_PROPERTY = int(QTextFormat.Property.UserProperty) + 71
 
 
 class LineNumbers(QWidget):
@@ -119,11 +117,11 @@ class CodeEditor(QPlainTextEdit):
         shown = self._ghost.replace("\r\n", "\n").replace("\n", "\u2028")  # line breaks
         ghost_format = QTextCharFormat()
         ghost_format.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
-        ghost_format.setProperty(_GHOST_PROPERTY, True)
         grey = QTextLayout.FormatRange()
         grey.start, grey.length, grey.format = at, len(shown), ghost_format
         layout.setPreeditArea(at, shown)
-        layout.setFormats([*_shifted(_without_ghost(layout.formats()), at, len(shown)), grey])
+        # (unlaying the last ghost re-highlighted the block: no ghost range is left in it)
+        layout.setFormats([*_shifted(layout.formats(), at, len(shown)), grey])
         self._ghost_block = block
         self.document().markContentsDirty(block.position(), block.length())
 
@@ -222,10 +220,6 @@ class CodeEditor(QPlainTextEdit):
         selection.cursor.clearSelection()
         self.setExtraSelections([selection])
         self.gutter.update()
-
-
-def _without_ghost(ranges: list[QTextLayout.FormatRange]) -> list[QTextLayout.FormatRange]:
-    return [r for r in ranges if not r.format.hasProperty(_GHOST_PROPERTY)]
 
 
 def _shifted(ranges: list[QTextLayout.FormatRange], at: int,

@@ -110,11 +110,9 @@ def test_an_idle_worker_burns_no_cpu_after_answering(slow_model_dir, tmp_path):
     import psutil
 
     spin = os.environ.get("TEST_WORKER_SPIN_US")  # set it to check that this test can fail
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", "0",
-                             "--threads", "2", "--model", str(slow_model_dir), "--no-kv-store",
-                             "--admin-token-file", str(tmp_path / "token"),
-                             *(["--spin-us", spin] if spin else [])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start("--threads", "2", "--model", str(slow_model_dir), "--no-kv-store",
+                  "--admin-token-file", str(tmp_path / "token"),
+                  *(["--spin-us", spin] if spin else []))  # (the last --threads counts)
     try:
         url = f"http://127.0.0.1:{_ready(proc)['port']}"
         worker = psutil.Process(proc.pid)
