@@ -9,17 +9,24 @@ from collections.abc import Sequence
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onnx-local-llm", description=__doc__)
-    parser.add_argument("--model", help="model folder to load at start (default: the last "
-                        "one, else the built-in model)")
-    parser.add_argument("--remote", help="use this OpenAI-compatible server instead of a "
-                        "local worker")
+    parser = argparse.ArgumentParser(
+        prog="onnx-local-llm",
+        description="ONNX Local LLM: chat and code completion with a language model that runs "
+        "on this computer. Without options it opens the window and starts the local worker "
+        "with the last model loaded (the built-in one the first time).",
+        epilog="--worker ARGS (the first option) runs the engine's command line instead, as "
+        "'python -m engine ARGS' does: the packaged app starts its worker this way.")
+    parser.add_argument("--model", metavar="FOLDER",
+                        help="model folder to load at start (default: the last one, else the "
+                        "built-in model)")
+    parser.add_argument("--remote", metavar="URL",
+                        help="use this OpenAI-compatible server instead of a local worker")
     parser.add_argument("--no-welcome", action="store_true", help="skip the first-run welcome")
     parser.add_argument("--selftest", action="store_true",
                         help="start the worker, load the model, answer a chat and a code "
                         "completion, print a JSON report, exit (0: all good)")
-    parser.add_argument("--timeout", type=float, default=120.0,
-                        help="--selftest: seconds allowed in all")
+    parser.add_argument("--timeout", metavar="SECONDS", type=float, default=120.0,
+                        help="with --selftest: seconds allowed in all (default 120)")
     return parser
 
 

@@ -6,7 +6,8 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from engine.config import PROVIDERS, EngineConfig, GenerateOptions
 from engine.errors import EngineError, InvalidOptionError
@@ -17,44 +18,85 @@ def _build_parser() -> argparse.ArgumentParser:
                                      description="Run ONNX language models locally.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("--model", required=True, help="model folder")
+    gen = sub.add_parser("generate", help="generate text from a prompt",
+                         description="Generate text from a prompt, a chat message or token "
+                         "ids, and print it.")
+    gen.add_argument("--model", required=True, metavar="FOLDER",
+                     help="model folder (an ONNX model with its tokenizer.json); required")
     src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="raw prompt text (special tokens are parsed)")
-    src.add_argument("--chat", help="a user message, formatted with the chat template")
-    src.add_argument("--token-ids", help="comma-separated prompt token ids")
-    gen.add_argument("--system", help="system prompt for --chat")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--max-context", type=int)
-    gen.add_argument("--temperature", type=float, default=0.0,
-                     help="0 = greedy (the default here)")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    gen.add_argument("--frequency-penalty", type=float, default=0.0)
-    gen.add_argument("--presence-penalty", type=float, default=0.0)
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--stop", action="append", default=[], help="stop text (repeatable)")
-    gen.add_argument("--no-stop-on-eos", action="store_true")
-    gen.add_argument("--top-logprobs", type=int)
-    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
-    gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--threads", type=int)
-    gen.add_argument("--provider", choices=PROVIDERS, default="auto")
+    src.add_argument("--prompt", metavar="TEXT",
+                     help="raw prompt text, special tokens parsed (one of --prompt, --chat, "
+                     "--token-ids is required)")
+    src.add_argument("--chat", metavar="TEXT",
+                     help="instead of --prompt: a user message, formatted with the model's "
+                     "chat template")
+    src.add_argument("--token-ids", metavar="IDS",
+                     help="instead of --prompt: comma-separated prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--system", metavar="TEXT", help="system prompt for --chat (default: none)")
+    gen.add_argument("--max-new-tokens", metavar="N", type=int, default=128,
+                     help="most tokens to generate (default 128)")
+    gen.add_argument("--max-context", metavar="N", type=int,
+                     help="most tokens of prompt and answer together (default: the model's "
+                     "context length)")
+    gen.add_argument("--temperature", metavar="T", type=float, default=0.0,
+                     help="0 always takes the likeliest token (greedy); higher values sample "
+                     "more freely (default 0)")
+    gen.add_argument("--top-k", metavar="K", type=int, default=0,
+                     help="sample among the K likeliest tokens only; 0 = no limit (default 0)")
+    gen.add_argument("--top-p", metavar="P", type=float, default=1.0,
+                     help="sample among the likeliest tokens whose probabilities add up to P; "
+                     "1 = no limit (default 1.0)")
+    gen.add_argument("--min-p", metavar="P", type=float, default=0.0,
+                     help="drop tokens less likely than P times the likeliest one; 0 = off "
+                     "(default 0)")
+    gen.add_argument("--repetition-penalty", metavar="X", type=float, default=1.0,
+                     help="make tokens already in the prompt or answer less likely by this "
+                     "factor; 1 = off (default 1.0)")
+    gen.add_argument("--frequency-penalty", metavar="X", type=float, default=0.0,
+                     help="lower a token's score by this much for every time it appeared in "
+                     "the answer; 0 = off (default 0)")
+    gen.add_argument("--presence-penalty", metavar="X", type=float, default=0.0,
+                     help="lower the score of every token in the answer by this much; 0 = off "
+                     "(default 0)")
+    gen.add_argument("--seed", metavar="N", type=int,
+                     help="random seed: the same seed gives the same sampled text (default: a "
+                     "new seed each run)")
+    gen.add_argument("--stop", metavar="TEXT", action="append", default=[],
+                     help="stop when this text appears; repeatable (default: none)")
+    gen.add_argument("--no-stop-on-eos", action="store_true",
+                     help="go on past the model's end-of-text token (default: stop there)")
+    gen.add_argument("--top-logprobs", metavar="N", type=int,
+                     help="with --json, the N likeliest alternatives of every token, N <= 20 "
+                     "(default: none)")
+    gen.add_argument("--stream", action="store_true",
+                     help="print text as it is generated (default: all of it at the end)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object with the text, token ids, timings and "
+                     "resources (default: the text only)")
+    gen.add_argument("--threads", metavar="N", type=int,
+                     help="CPU threads ONNX Runtime uses (default: the physical cores)")
+    gen.add_argument("--provider", choices=PROVIDERS, default="auto",
+                     help="where the model runs; auto takes a GPU when there is one and the "
+                     "model fits (default auto)")
     gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model", "mtp"),
-                     default="none", help="greedy only: guess tokens, verify them in one pass")
-    gen.add_argument("--draft-model", help="draft model folder for --speculative draft_model")
+                     default="none",
+                     help="greedy only: guess tokens and verify them in one pass; the text is "
+                     "the same, only faster (default none)")
+    gen.add_argument("--draft-model", metavar="FOLDER",
+                     help="draft model folder for --speculative draft_model (default: none)")
     gen.add_argument("--truncate-prompt", action="store_true",
-                     help="drop the oldest prompt tokens when the prompt does not fit")
-    gen.add_argument("--vram-limit", default="auto",
-                     help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ...")
-    gen.add_argument("--host-ram-limit", default="auto",
-                     help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")
+                     help="drop the oldest prompt tokens when the prompt does not fit "
+                     "(default: refuse it)")
+    gen.add_argument("--vram-limit", metavar="LIMIT", default="auto",
+                     help="GPU memory limit: auto, 0.5, 50%%, 8GiB, 512MiB ... (default auto)")
+    gen.add_argument("--host-ram-limit", metavar="LIMIT", default="auto",
+                     help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ... "
+                     "(default auto)")
 
     ins = sub.add_parser("inspect", help="report what a model folder holds")
     ins.add_argument("model", help="model folder")
-    ins.add_argument("--json", action="store_true")
+    ins.add_argument("--json", action="store_true",
+                     help="print the whole report as JSON (default: a readable summary)")
 
     from engine.server.cli import add_arguments
 
@@ -112,6 +154,9 @@ def _generate(args: argparse.Namespace) -> int:
             "resources": engine.resource_snapshot().as_dict(),
             "speculation": result.speculation.as_dict() if result.speculation else None,
             "prompt_tokens_dropped": result.prompt_tokens_dropped,
+            **({"logprobs": [{"token_id": lp.token_id, "logprob": lp.logprob,
+                              "top": [list(pair) for pair in lp.top]}
+                             for lp in result.logprobs]} if args.top_logprobs else {}),
         }))
     elif args.stream:
         sys.stdout.write("\n")
@@ -127,9 +172,48 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
+        print(summary(report))
     return 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def summary(report: dict[str, Any]) -> str:
+    """``inspect``'s report as a few lines a person reads (``--json`` has all of it)."""
+    kv = report["kv"]
+    external = report["external_data"]
+    weights = _size(report["weights_bytes"])
+    if external:
+        weights += f" ({len(external)} external data file{'s' * (len(external) > 1)}: " \
+                   f"{', '.join(external)})"
+    safety = report["cuda_graph_safety"]
+    eos = ", ".join(str(t) for t in report["eos_token_ids"]) or "none declared"
+    lines = [
+        f"Model folder:    {report['path']}",
+        f"Format:          {report['format']} ({report['model_file']})",
+        f"Weights:         {weights}, quantization {report['quantization']}",
+        f"Context:         {report['context_length']} tokens",
+        f"Vocabulary:      {report['vocab_size']} tokens; end of text: {eos}; "
+        f"start: {report['bos_token_id'] if report['bos_token_id'] is not None else 'none'}",
+        f"KV cache:        {kv['layers']} layers x {kv['kv_heads']} heads of {kv['head_dim']} "
+        f"{kv['dtype']}: {_size(kv['bytes_per_token'])} a token, "
+        f"{_size(kv['bytes_per_token'] * report['context_length'])} for the whole context",
+        f"Decode path:     {report['decode_path']}",
+        f"Chat template:   {'yes' if report['chat_template'] else 'no'}",
+        f"Code infill:     {report['fim_family'] or 'no FIM tokens'}",
+        "CUDA graphs:     " + ("can be captured" if safety["safe"]
+                               else "declined: " + "; ".join(safety["reasons"])),
+    ]
+    warnings = report["warnings"]
+    lines.append("Warnings:        " + ("none" if not warnings else warnings[0]))
+    lines += [f"                 {w}" for w in warnings[1:]]
+    lines.append("(--json prints every field, the inputs and outputs of the graph included)")
+    return "\n".join(lines)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -140,14 +224,43 @@ def _serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _flags_of(parser: argparse.ArgumentParser, command: str) -> set[str]:
+    """Every option string of ``command``'s sub-parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices[command]._option_string_actions)
+    return set()
+
+
+#: Option fields whose command-line flag is not ``--`` + the field with dashes.
+_FLAGS = {
+    "intra_op_threads": "--threads", "spin_duration_us": "--spin-us",
+    "speculative_mode": "--speculative", "stop_sequences": "--stop",
+    "session_idle_s": "--session-idle-timeout",
+}
+
+
+def _with_flag(exc: EngineError, flags: Collection[str]) -> str:
+    """The error's message, naming the command-line flag (one of ``flags``) instead of the
+    option's field: ``--threads``, not ``intra_op_threads``."""
+    if not isinstance(exc, InvalidOptionError) or not exc.message.startswith(exc.field):
+        return exc.message
+    field = exc.field.split("[", 1)[0]
+    flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+    if flag not in flags:
+        return exc.message
+    return flag + exc.message[len(exc.field):]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
     commands = {"generate": _generate, "inspect": _inspect, "serve": _serve}
     try:
         return commands[args.command](args)
     except EngineError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {_with_flag(exc, _flags_of(parser, args.command))}", file=sys.stderr)
         if exc.hint:
             print(f"fix: {exc.hint}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """The command line as a user runs it: a real subprocess on a forged model."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -42,4 +43,62 @@ def test_errors_print_the_problem_and_the_fix_without_a_traceback(tmp_path, gena
     assert "error:" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
     bad = _run("generate", "--model", str(genai_model_dir), "--prompt", "x", "--top-p", "0")
-    assert bad.returncode == 2 and "top_p" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "error: --top-p: expected a number in (0.0, 1.0], got 0.0" in bad.stderr
+
+
+def test_errors_name_the_flag_the_user_typed_not_the_internal_field(genai_model_dir, tmp_path):
+    for command, flag, value in (("generate", "--threads", "0"), ("generate", "--stop", ""),
+                                 ("serve", "--threads", "0"),
+                                 ("serve", "--session-idle-timeout", "0")):
+        args = ["--model", str(genai_model_dir), flag, value]
+        if command == "generate":
+            args += ["--prompt", "x"]
+        else:
+            args += ["--port", "0", "--admin-token-file", str(tmp_path / "token"),
+                     "--no-kv-store"]
+        proc = _run(command, *args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"error: {flag}: "), proc.stderr
+        for field in ("intra_op_threads", "stop_sequences", "session_idle_s"):
+            assert field not in proc.stderr
+
+
+def test_every_generate_option_says_what_it_does_and_its_default():
+    from engine.__main__ import _build_parser
+
+    parser = _build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    generate = sub.choices["generate"]
+    options = [a for a in generate._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 25
+    # --model and the prompt are required (--chat and --token-ids stand in for --prompt)
+    wants = {"model": "required", "prompt": "required", "chat": "instead of --prompt",
+             "token_ids": "instead of --prompt"}
+    for action in options:
+        assert action.help, f"{action.option_strings[0]} has no help text"
+        wanted = wants.get(action.dest, "default")
+        assert wanted in action.help, f"{action.option_strings[0]}: {action.help!r}"
+    shown = _run("generate", "--help").stdout
+    assert "--max-new-tokens N    most tokens to generate (default 128)" in shown
+
+
+def test_top_logprobs_are_in_the_json_output(genai_model_dir):
+    proc = _run("generate", "--model", str(genai_model_dir), "--token-ids", "5,6,7",
+                "--max-new-tokens", "3", "--no-stop-on-eos", "--json", "--top-logprobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
+    assert all(len(lp["top"]) == 2 and lp["logprob"] <= 0 for lp in out["logprobs"])
+
+
+def test_inspect_prints_a_readable_summary(genai_model_dir):
+    proc = _run("inspect", str(genai_model_dir))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"Model folder:    {genai_model_dir}"
+    assert "Context:         256 tokens" in lines
+    assert "KV cache:        2 layers x 2 heads of 16 float32: 512 bytes a token, 128.0 KiB " \
+        "for the whole context" in lines
+    assert "Code infill:     qwen" in lines and "Chat template:   yes" in lines
+    assert not any(ch in proc.stdout for ch in "{}[]'")  # no Python reprs

@@ -1,0 +1,21 @@
+"""``python -m app --help`` as a user reads it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.app.conftest import ROOT
+
+
+def test_help_is_plain_text_that_names_every_option():
+    done = subprocess.run([sys.executable, "-m", "app", "--help"], cwd=ROOT, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "``" not in text and not re.search(r":\w+:`", text)  # no reStructuredText
+    for option in ("--model FOLDER", "--remote URL", "--no-welcome", "--selftest",
+                   "--timeout SECONDS", "--worker ARGS"):
+        assert option in text
+    assert "(default 120)" in text
