@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.io_spec import DeclaredIO, TensorSpec
-from engine.onnx_scan import ScanError, scan_onnx
+from engine.onnx_scan import ScanError, ScannedModel, scan_onnx
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,20 @@ class ExternalData:
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """What the graph's GroupQueryAttention nodes fix, whatever the metadata says."""
+
+    layers: int
+    num_heads: int
+    kv_num_heads: int
+    #: The width of the attention's output over its heads (from the output projection's
+    #: weight); None when that projection is not a plain or int4 MatMul.
+    head_size: int | None
+    #: Positions the rotary table (``cos_cache``) covers; None without one.
+    rotary_positions: int | None
+
+
+@dataclass(frozen=True)
 class GraphSummary:
     op_counts: Mapping[str, int]
     has_gqa: bool
@@ -54,6 +68,7 @@ class GraphSummary:
     opset: int
     inputs: Mapping[str, TensorSpec]
     outputs: Mapping[str, TensorSpec]
+    attention: AttentionShape | None = None
 
 
 @dataclass(frozen=True)
@@ -127,9 +142,10 @@ def load_model_dir(path: str | Path) -> ModelDir:
                                   "(it ships with the original Hugging Face model)")
     graph = scan_graph(model_file)
     context = info.get("context_length")
-    if not isinstance(context, int) or context <= 0:
+    if context is None:
         context = 2048
         warnings.append("the model declares no context length; assuming 2048 tokens")
+    _check_against_graph(root, fmt, declared, info, graph)
     for w in warnings:
         log.warning("%s", w)
     return ModelDir(
@@ -138,6 +154,117 @@ def load_model_dir(path: str | Path) -> ModelDir:
         bos_token_id=info.get("bos"), warnings=tuple(warnings),
         config=info.get("config", {}),
     )
+
+
+#: Where each metadata format keeps what _check_against_graph compares: (file, context
+#: length key, head size key, KV heads key).
+_KEYS = {
+    "genai": ("genai_config.json", "model.context_length", "model.decoder.head_size",
+              "model.decoder.num_key_value_heads"),
+    "metadata": (METADATA_FILE, "max_sequence_length", "head_size", "kv_num_heads"),
+    "optimum": ("config.json", "max_position_embeddings", None, None),
+}
+
+
+def _check_against_graph(root: Path, fmt: ModelFormat, declared: DeclaredIO,
+                         info: Mapping[str, Any], graph: GraphSummary) -> None:
+    """Refuse metadata that contradicts the graph, naming both values: the engine sizes the
+    KV cache and the context from the metadata, and a wrong number would otherwise surface
+    as an ONNX Runtime error at the first token, or past the rotary table."""
+    if fmt == "convention":
+        return
+    file, context_key, head_key, kv_heads_key = _KEYS[fmt]
+    where = root / file
+
+    def refuse(message: str, hint: str) -> None:
+        raise ModelLoadError(f"{where}: {message}", hint=hint)
+
+    context = info.get("context_length")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or context <= 0):
+        refuse(f"{context_key} is {context!r}; expected a positive number of tokens",
+               "set it to the model's context length (max_position_embeddings in the "
+               "original model's config.json), or remove it to assume 2048")
+    attention = graph.attention
+    if attention is not None and attention.rotary_positions is not None \
+            and isinstance(context, int) and context > attention.rotary_positions:
+        refuse(f"{context_key} is {context}, but the graph's rotary table (cos_cache) "
+               f"covers {attention.rotary_positions} positions",
+               f"set {context_key} to {attention.rotary_positions} or less, or re-export the "
+               "model for the longer context")
+    kv_keys = sorted(n for n in graph.inputs if _is_past_key(n, declared))
+    if fmt == "genai":
+        layers = info.get("config", {}).get("model", {}).get("decoder", {}) \
+            .get("num_hidden_layers")
+        found = len(kv_keys) if kv_keys else (attention.layers if attention else None)
+        if isinstance(layers, int) and found is not None and layers != found:
+            refuse(f"model.decoder.num_hidden_layers is {layers}, but the graph has "
+                   f"{found} layers (KV inputs {declared.past_key_pattern!r} for layers 0 to "
+                   f"{found - 1})", f"set num_hidden_layers to {found}, or use the "
+                   "genai_config.json exported with this model.onnx")
+    first_key = declared.kv_pairs[0][0] if declared.kv_pairs else (
+        kv_keys[0] if kv_keys else None)
+    first = graph.inputs.get(first_key) if first_key else None
+    shape = first.shape if first is not None and len(first.shape) == 4 else (None,) * 4
+    graph_heads = shape[1] if isinstance(shape[1], int) else (
+        attention.kv_num_heads if attention else None)
+    graph_head_size = shape[3] if isinstance(shape[3], int) else (
+        attention.head_size if attention else None)
+    for key, said, actual, unit in (
+            (head_key, declared.head_size, graph_head_size, "a head size of"),
+            (kv_heads_key, declared.kv_num_heads, graph_heads, "a KV head count of")):
+        if key is None or said is None or actual is None or said == actual:
+            continue
+        refuse(f"{key} is {said!r}, but the graph's attention has {unit} {actual}",
+               f"set {key.rsplit('.', 1)[-1]} to {actual}, or use the {file} exported with "
+               "this model")
+
+
+def _is_past_key(name: str, declared: DeclaredIO) -> bool:
+    """Whether ``name`` is a layer's past-key input under the declared pattern."""
+    pattern = declared.past_key_pattern
+    if not pattern or "%d" not in pattern:
+        return False
+    head, _, tail = pattern.partition("%d")
+    middle = name[len(head):len(name) - len(tail)] if tail else name[len(head):]
+    return name.startswith(head) and name.endswith(tail) and middle.isdigit()
+
+
+def _attention_shape(scanned: ScannedModel) -> AttentionShape | None:
+    """The GroupQueryAttention nodes' heads, head size and rotary table (None without GQA,
+    or when the layers disagree among themselves)."""
+    attention = [n for n in scanned.nodes if n.op_type == "GroupQueryAttention"]
+    if not attention:
+        return None
+    heads = {(n.ints.get("num_heads"), n.ints.get("kv_num_heads")) for n in attention}
+    if len(heads) != 1:
+        return None
+    ((num_heads, kv_num_heads),) = heads
+    if not num_heads or not kv_num_heads:
+        return None
+    dims = {t.name: t.dims for t in scanned.initializers}
+    consumers = {n.inputs[0]: n for n in scanned.nodes
+                 if n.op_type in ("MatMul", "MatMulNBits") and n.inputs}
+    widths: set[int | None] = set()
+    for node in attention:
+        projection = consumers.get(node.outputs[0]) if node.outputs else None
+        if projection is None:
+            widths.add(None)
+        elif projection.op_type == "MatMulNBits":
+            widths.add(projection.ints.get("K"))
+        else:
+            weight = dims.get(projection.inputs[1]) if len(projection.inputs) > 1 else None
+            widths.add(weight[0] if weight and len(weight) == 2 else None)
+    width = widths.pop() if len(widths) == 1 else None
+    head_size = width // num_heads if width and width % num_heads == 0 else None
+    rotary = None
+    first = attention[0]
+    if first.ints.get("do_rotary") and len(first.inputs) > 7:
+        table = dims.get(first.inputs[7])
+        rotary = table[0] if table and len(table) == 2 else None
+    return AttentionShape(layers=len(attention), num_heads=num_heads,
+                          kv_num_heads=kv_num_heads, head_size=head_size,
+                          rotary_positions=rotary)
 
 
 def _find_onnx(root: Path) -> str:
@@ -289,4 +416,5 @@ def scan_graph(model_file: Path) -> GraphSummary:
         inputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape))
                 for v in scanned.inputs if v.name not in initialized},
         outputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape)) for v in scanned.outputs},
+        attention=_attention_shape(scanned),
     )

@@ -41,6 +41,21 @@ class Initializer:
     data_location: int = 0
     #: Bytes of the serialized tensor (inline payload included).
     size: int = 0
+    dims: list[int] = field(default_factory=list)
+
+
+#: Nodes kept whole (inputs, outputs, integer attributes): what the attention's shape is
+#: read from (engine.model_dir checks it against the model's metadata).
+DETAILED_OPS = frozenset({"GroupQueryAttention", "MatMul", "MatMulNBits"})
+
+
+@dataclass
+class Node:
+    op_type: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    #: Integer attributes by name.
+    ints: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,6 +65,8 @@ class ScannedModel:
     initializers: list[Initializer] = field(default_factory=list)
     inputs: list[ValueInfo] = field(default_factory=list)
     outputs: list[ValueInfo] = field(default_factory=list)
+    #: The top-level graph's nodes of DETAILED_OPS types, in graph order.
+    nodes: list[Node] = field(default_factory=list)
 
 
 class _Reader:
@@ -139,9 +156,10 @@ def _scan_graph(r: _Reader, model: ScannedModel) -> None:
         if wire != 2:
             continue
         if number == 1:  # node
-            for n, w, v in r.sub(value).fields():
-                if n == 4 and w == 2:
-                    model.op_types.append(r.text(v))
+            node = _scan_node(r, value)
+            model.op_types.append(node.op_type)
+            if node.op_type in DETAILED_OPS:
+                model.nodes.append(node)
         elif number == 5:  # initializer
             model.initializers.append(_scan_tensor(r, value))
         elif number in (11, 12):  # input, output
@@ -149,11 +167,45 @@ def _scan_graph(r: _Reader, model: ScannedModel) -> None:
             (model.inputs if number == 11 else model.outputs).append(info)
 
 
+def _signed(value: int) -> int:
+    """A varint read as the int64 it encodes (negative numbers take ten bytes)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _scan_node(r: _Reader, span: tuple[int, int]) -> Node:
+    node = Node()
+    for n, w, v in r.sub(span).fields():
+        if w != 2:
+            continue
+        if n == 1:
+            node.inputs.append(r.text(v))
+        elif n == 2:
+            node.outputs.append(r.text(v))
+        elif n == 4:
+            node.op_type = r.text(v)
+        elif n == 5:  # attribute: name (1), i (3)
+            name, value = "", None
+            for an, aw, av in r.sub(v).fields():
+                if an == 1 and aw == 2:
+                    name = r.text(av)
+                elif an == 3 and aw == 0:
+                    value = _signed(av)
+            if value is not None:
+                node.ints[name] = value
+    return node
+
+
 def _scan_tensor(r: _Reader, span: tuple[int, int]) -> Initializer:
     tensor = Initializer(size=span[1] - span[0])
     sub = r.sub(span)
     for n, w, v in sub.fields():
-        if n == 8 and w == 2:
+        if n == 1 and w == 0:  # dims, unpacked
+            tensor.dims.append(_signed(v))
+        elif n == 1 and w == 2:  # dims, packed
+            packed = r.sub(v)
+            while packed.pos < packed.end:
+                tensor.dims.append(_signed(packed.varint()))
+        elif n == 8 and w == 2:
             tensor.name = r.text(v)
         elif n == 14 and w == 0:
             tensor.data_location = v

@@ -143,3 +143,59 @@ def test_corrupt_genai_config_names_the_file(genai_model_dir, tmp_path):
     (folder / "genai_config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="genai_config.json is not valid JSON"):
         load_model_dir(folder)
+
+
+# --- metadata that contradicts the graph -------------------------------------------------
+
+
+def _with_config(src: Path, dst: Path, **edits) -> Path:
+    """A copy of a forged genai folder with genai_config.json's model / decoder keys set."""
+    folder = _copy(src, dst)
+    path = folder / "genai_config.json"
+    config = json.loads(path.read_text())
+    for key, value in edits.items():
+        where = config["model"] if key == "context_length" else config["model"]["decoder"]
+        where[key] = value
+    path.write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(("edit", "said", "graph"), [
+    ({"head_size": 32}, "model.decoder.head_size is 32", "a head size of 16"),
+    ({"num_key_value_heads": 4}, "model.decoder.num_key_value_heads is 4",
+     "a KV head count of 2"),
+    ({"num_hidden_layers": 3}, "model.decoder.num_hidden_layers is 3", "the graph has 2 layers"),
+    ({"context_length": 512}, "model.context_length is 512",
+     "rotary table (cos_cache) covers 256 positions"),
+    ({"context_length": 0}, "model.context_length is 0", "expected a positive number"),
+    ({"context_length": -5}, "model.context_length is -5", "expected a positive number"),
+    ({"context_length": "4k"}, "model.context_length is '4k'", "expected a positive number"),
+])
+def test_genai_config_that_disagrees_with_the_graph_is_refused_naming_both(
+        genai_model_dir, tmp_path, edit, said, graph):
+    folder = _with_config(genai_model_dir, tmp_path / "m", **edit)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model_dir(folder)
+    assert said in caught.value.message and graph in caught.value.message
+    assert str(folder / "genai_config.json") in caught.value.message
+    assert caught.value.hint
+
+
+def test_wrong_head_size_of_an_int4_graph_is_refused_at_load(genai_model_dir, tmp_path):
+    """The head size is read from the int4 output projection (MatMulNBits' K) too; the engine
+    refuses to load instead of failing inside GroupQueryAttention at the first token."""
+    from engine import Engine, EngineConfig
+    from tests.forge.quant import quantize_int4
+
+    int4 = quantize_int4(genai_model_dir, tmp_path / "int4")
+    assert load_model_dir(int4).graph.attention.head_size == 16
+    wrong = _with_config(int4, tmp_path / "wrong", head_size=8)
+    with pytest.raises(ModelLoadError, match="head_size is 8, but the graph's attention has a "
+                       "head size of 16"):
+        Engine.load(wrong, EngineConfig(intra_op_threads=1))
+
+
+def test_a_shorter_context_than_the_graph_allows_is_taken(genai_model_dir, tmp_path):
+    folder = _with_config(genai_model_dir, tmp_path / "m", context_length=128)
+    assert load_model_dir(folder).context_length == 128
+    assert load_model_dir(genai_model_dir).context_length == 256
