@@ -23,6 +23,11 @@ _PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider
                    "directml": "DmlExecutionProvider"}
 BACKEND_ENV = "ONNX_GENAI_BACKEND"
 
+# ONNX Runtime (1.32, on Linux too) writes a telemetry database and a device id under
+# ~/.cache/Microsoft/DeveloperTools/.onnxruntime when it creates its first session. A
+# local, offline engine leaves the user's home alone: off unless the user set the variable.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 
 def installed_ort_variants() -> list[str]:
     found = []
