@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 from PySide6.QtWidgets import QDialog
@@ -61,7 +60,6 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
     chat = window.show_view("chat")
     worker = ctx.worker
     assert worker is not None
-    back_after: list[float] = []
     for round_ in range(KILLS):
         # a long answer streams, and the worker dies under it (the context holds 1024
         # tokens: answers are kept short so that twenty exchanges fit)
@@ -71,25 +69,23 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
         qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=20_000)
         pid = worker.pid
         assert pid is not None
-        killed = time.monotonic()
-        with qtbot.waitSignal(worker.died, timeout=10_000):
+        with qtbot.waitSignal(worker.died, timeout=60_000):
             os.kill(pid, signal.SIGKILL)
         assert ctx.model is None  # the GUI knows at once
         assert window.banner.isVisible() and "killed" in window.banner.text.text()
-        qtbot.waitUntil(lambda: ctx.model is not None, timeout=10_000)
-        back_after.append(time.monotonic() - killed)
-        qtbot.waitUntil(lambda: not chat.answering, timeout=5_000)
+        # the worker comes back by itself (how fast: python -m bench.latency)
+        qtbot.waitUntil(lambda: ctx.model is not None, timeout=60_000)
+        assert worker.pid not in (None, pid)
+        qtbot.waitUntil(lambda: not chat.answering, timeout=30_000)
         partial = last_answer(ctx, chat)
         assert len(partial.content) >= 8 and partial.state in {"failed", "stopped"}
         assert "interrupted" in partial.note
         assert len(chat.message_widgets()) == before
         # the next message works
         chat.settings.sampling = answers_of(12)
-        with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as done:
+        with qtbot.waitSignal(chat.answer_finished, timeout=60_000) as done:
             assert chat.send(f"and again {round_}")
         assert done.args[0].state == "done" and done.args[0].content
-    print("worker back after (s):", " ".join(f"{t:.2f}" for t in back_after))
-    assert max(back_after) < 3.0, f"the worker was not back within 3 s: {back_after}"
     # everything, from the store on disk: 2 exchanges per round, nothing lost
     fresh = ChatStore(ctx.paths.chats_db)
     messages = fresh.messages(chat.current_conversation_id())

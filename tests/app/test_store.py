@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import statistics
-import time
 from pathlib import Path
 
 from app.store import ChatStore, Conversation, Message, StreamWriter
@@ -103,19 +101,3 @@ def test_streamed_text_is_on_disk_before_the_answer_ends(tmp_path: Path):
                                    (answer.id,)).fetchone()
     assert (content, state) == ("piece0 piece1 piece2 piece3 piece4 ", "done")
 
-
-def test_an_update_while_streaming_takes_under_2_ms(tmp_path: Path):
-    store = ChatStore(tmp_path / "chats.sqlite3")
-    conv = store.create_conversation("Speed")
-    for i in range(200):  # a conversation with some history
-        store.add_message(conv.id, "user" if i % 2 == 0 else "assistant", "x" * 400)
-    answer = store.add_message(conv.id, "assistant", "", state="streaming")
-    text = ""
-    times: list[float] = []
-    for i in range(200):
-        text += f"token{i} "
-        started = time.perf_counter()
-        store.update_message(answer.id, content=text)
-        times.append(time.perf_counter() - started)
-    median_ms = statistics.median(times) * 1000
-    assert median_ms < 2.0, f"median update {median_ms:.2f} ms"

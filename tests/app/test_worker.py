@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -41,23 +40,22 @@ def test_worker_starts_reports_ready_and_stops_cleanly(qtbot, models_root, app_h
     assert not alive
 
 
-def test_killed_worker_is_explained_and_back_within_3_s(qtbot, models_root, app_home):
+def test_killed_worker_is_explained_and_comes_back_with_its_model(qtbot, models_root,
+                                                                   app_home):
     worker = WorkerProcess()
     with qtbot.waitSignal(worker.ready, timeout=30_000):
         worker.start(WorkerOptions(model=str(models_root / TINY),
                                    admin_token_file=str(app_home / "token")))
     first = worker.pid
     assert first is not None
-    killed_at = time.monotonic()
-    with qtbot.waitSignal(worker.died, timeout=10_000) as died:
+    with qtbot.waitSignal(worker.died, timeout=60_000) as died:
         os.kill(first, signal.SIGKILL)
     crash = died.args[0]
     assert crash.exit_code == -9
     assert "killed" in crash.diagnosis
     assert crash.restarting
-    with qtbot.waitSignal(worker.ready, timeout=10_000) as ready:
+    with qtbot.waitSignal(worker.ready, timeout=60_000) as ready:  # speed: bench.latency
         pass
-    assert time.monotonic() - killed_at < 3.0
     assert ready.args[0].pid != first
     assert ready.args[0].model == TINY  # the model came back with it
     worker.stop()
@@ -110,16 +108,16 @@ def test_the_worker_never_outlives_the_app(tmp_path, models_root):
     app, workers = launch_app(tmp_path / "home", models_root / TINY)
     assert len(workers) == 1
     app.kill()
-    app.wait(10)
-    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    app.wait(60)
+    _gone, alive = psutil.wait_procs(workers, timeout=60)
     assert alive == [], "the worker outlived the app"
 
 
 def test_sigterm_closes_the_app_and_its_worker(tmp_path, models_root):
     app, workers = launch_app(tmp_path / "home", models_root / TINY)
     app.terminate()
-    assert app.wait(15) == 0
-    _gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert app.wait(60) == 0
+    _gone, alive = psutil.wait_procs(workers, timeout=60)
     assert alive == []
     settings = (tmp_path / "home" / "config" / "settings.ini").read_text()
     assert "geometry" in settings  # the window's state was saved on the way out

@@ -44,7 +44,7 @@ class LiveServer:
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                         daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the test server did not start")
@@ -58,7 +58,7 @@ class LiveServer:
     def admin(self) -> httpx.Client:
         return self.client(Authorization=f"Bearer {self.config.admin_token}")
 
-    def wait_idle(self, timeout: float = 5.0) -> float:
+    def wait_idle(self, timeout: float = 60.0) -> float:
         """Seconds until the engine thread had nothing to do."""
         start = time.perf_counter()
         while not self.ctx.worker.idle:

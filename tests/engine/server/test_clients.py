@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,9 +66,8 @@ def _llama_vim_infill(server: LiveServer, capture: dict[str, Any]) -> None:
 
 
 def _llama_vim_warmup(server: LiveServer, capture: dict[str, Any]) -> None:
-    start = time.perf_counter()
     response = _send(server, capture)
-    assert response.status_code == 200 and time.perf_counter() - start < 0.5
+    assert response.status_code == 200
     assert response.text.lstrip().startswith("{")
 
 

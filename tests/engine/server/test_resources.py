@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 import time
 from collections.abc import Iterator
@@ -49,6 +48,7 @@ def test_resources_are_the_governor_snapshot_and_the_kv_figures(server):
 
 
 def test_resources_report_the_last_answers_tokens_per_second_and_ttft(server):
+    asked_at = time.time()
     with server.client() as http:
         before = http.get("/v1/resources").json()["throughput"]
         answer = http.post("/v1/completions", json={"prompt": "def add(a, b):",
@@ -61,24 +61,27 @@ def test_resources_report_the_last_answers_tokens_per_second_and_ttft(server):
     last = after["last"]
     assert last["completion_tokens"] == tokens and last["prompt_tokens"] > 0
     assert last["tokens_per_s"] > 0 and 0 < last["ttft_ms"] <= last["total_ms"]
-    assert abs(last["finished"] - time.time()) < 60
+    assert asked_at <= last["finished"] <= time.time()  # when it finished, as a Unix time
 
 
-def test_the_stream_sends_an_event_about_every_interval_until_the_client_leaves(server):
-    stamps, events = [], []
+def test_the_stream_sends_an_event_every_interval_until_the_client_leaves(server):
+    events = []
     with server.client() as http:
         with http.stream("GET", "/v1/resources/stream",
                          params={"interval_s": 0.2}) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             for event in sse_events(response.iter_lines()):
-                stamps.append(time.perf_counter())
                 events.append(event)
                 if len(events) == 3:
                     break
-        bounded = http.get("/v1/resources/stream", params={"max_events": 2, "interval_s": 0.1})
+        started = time.perf_counter()
+        bounded = http.get("/v1/resources/stream", params={"max_events": 3, "interval_s": 0.2})
+        took = time.perf_counter() - started
     assert all(e["governor"]["kv_tier"] == "host_ram" for e in events)
-    assert all(0.1 < b - a < 0.6 for a, b in itertools.pairwise(stamps))
-    assert bounded.text.count("data: ") == 2
+    assert bounded.text.count("data: ") == 3
+    # paced, not sent at once: two intervals at least between the first and the third (a
+    # lower bound: a busy machine only makes it longer)
+    assert took >= 0.4
 
 
 def test_metrics_export_kv_bytes_per_tier_and_prefix_cache_hits(server):
@@ -174,10 +177,10 @@ def test_a_limit_change_does_not_wait_for_a_running_generation(slow_server):
             http.stream("POST", "/v1/completions", json=body) as response:
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data: {"))
-        started = time.perf_counter()
         change = admin.put("/v1/limits", json={"host_ram": "auto"})
-        took = time.perf_counter() - started
+        still_generating = not slow_server.ctx.worker.idle
         events = list(sse_events(lines))
-    assert change.status_code == 200 and took < 0.5
+    assert change.status_code == 200
+    assert still_generating  # the change came back while the 120 tokens were being made
     finish = [e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict)]
     assert finish[-1] == "length"  # the generation went on to its end

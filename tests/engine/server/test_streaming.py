@@ -1,12 +1,13 @@
 """Streaming is incremental, and a client that leaves frees the engine within one token
-(timed on a model slow enough, ~7 ms a token, to see it)."""
+(on a model slow enough, ~7 ms a token, to see it). What these tests hold is the order of
+events (a chunk arrives while the engine is still generating; a cancelled job yields at
+most one more token), never a wall-clock bound: `python -m bench.latency` measures the
+latencies (first chunk after the first token, engine free after a disconnect)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import socket
-import statistics
 import threading
 import time
 
@@ -15,55 +16,37 @@ from tests.engine.server.live import LiveServer, serve, sse_events
 LONG = {"n_predict": 60, "temperature": 0, "samplers": ["temperature"], "ignore_eos": True}
 
 
-def _timed_stream(server: LiveServer) -> tuple[list[float], list[dict]]:
-    arrivals: list[float] = []
+def test_each_token_is_sent_while_the_engine_is_still_generating(slow_server: LiveServer):
+    slow_server.wait_idle()
     events: list[dict] = []
-    with server.client() as http:
-        http.post("/completion", json={"prompt": "warm up", "n_predict": 2, "stream": True})
-        start = time.perf_counter()
-        with http.stream("POST", "/completion", json={"prompt": "def g(y):\n" * 20,
-                                                      "stream": True, **LONG}) as response:
-            for event in sse_events(response.iter_lines()):
-                arrivals.append(time.perf_counter() - start)
-                events.append(event)
-    return arrivals, events
-
-
-def test_first_chunk_within_ttft_plus_20ms_and_chunks_spread(slow_server: LiveServer):
-    # A 2-core CI machine running other tests can stall any one request by more than
-    # 20 ms; a chunk that is held back would be late every time, so the best of three
-    # attempts is what is held to the bound.
-    for _attempt in range(3):
-        slow_server.wait_idle()
-        arrivals, events = _timed_stream(slow_server)
-        final = events[-1]
-        ttft_s = final["timings"]["prompt_ms"] / 1e3
-        if arrivals[0] <= ttft_s + 0.020:
-            break
-    assert final["stop"] is True and final["timings"]["predicted_n"] == 60
-    assert arrivals[0] <= ttft_s + 0.020, (arrivals[0], ttft_s)
-    token_arrivals = arrivals[:-1]
-    assert sum(1 for e in events[:-1] if e["tokens"]) == 60  # one event per token
-    span = token_arrivals[-1] - token_arrivals[0]
-    predicted_s = final["timings"]["predicted_ms"] / 1e3
-    assert span >= 0.6 * predicted_s  # not one burst at the end
-    gaps = [b - a for a, b in itertools.pairwise(token_arrivals)]
-    assert statistics.median(gaps) >= 0.5 * predicted_s / 60
+    busy_at_token: list[bool] = []
+    with slow_server.client() as http, http.stream(
+            "POST", "/completion", json={"prompt": "def g(y):\n" * 20, "stream": True,
+                                         **{**LONG, "n_predict": 200}}) as response:
+        for event in sse_events(response.iter_lines()):
+            events.append(event)
+            if event.get("tokens"):
+                busy_at_token.append(not slow_server.ctx.worker.idle)
+    final = events[-1]
+    assert final["stop"] is True and final["timings"]["predicted_n"] == 200
+    assert len(busy_at_token) == 200  # one event per token
+    # a stream held back until the end would find the engine done at its first chunk
+    assert all(busy_at_token[:100]), busy_at_token.index(False)
 
 
 def test_openai_chat_stream_is_incremental_too(slow_server: LiveServer):
     slow_server.wait_idle()
-    arrivals: list[float] = []
-    with slow_server.client() as http:
-        start = time.perf_counter()
-        with http.stream("POST", "/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hi"}], "stream": True,
-                "max_tokens": 40, "temperature": 0, "logit_bias": {"0": -100},
-                "stream_options": {"include_usage": True}}) as response:
-            for _ in sse_events(response.iter_lines()):
-                arrivals.append(time.perf_counter() - start)
-    total = arrivals[-1]
-    assert arrivals[1] < 0.5 * total  # the first content chunk long before the end
+    busy_at_chunk: list[bool] = []
+    with slow_server.client() as http, http.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_tokens": 200, "temperature": 0, "logit_bias": {"0": -100},
+            "stream_options": {"include_usage": True}}) as response:
+        for event in sse_events(response.iter_lines()):
+            if isinstance(event, dict) and event.get("choices") \
+                    and event["choices"][0]["delta"].get("content"):
+                busy_at_chunk.append(not slow_server.ctx.worker.idle)
+    assert len(busy_at_chunk) >= 150
+    assert all(busy_at_chunk[:50])  # the first content chunks long before the end
 
 
 def test_disconnect_mid_stream_cancels_within_one_token(slow_server: LiveServer):
@@ -78,13 +61,10 @@ def test_disconnect_mid_stream_cancels_within_one_token(slow_server: LiveServer)
                 seen += 1
                 if seen == 2:
                     break
-        closed = time.perf_counter()
-    idle_after = slow_server.wait_idle()
+    slow_server.wait_idle()
     record = slow_server.ctx.worker.history[-1]
     assert record.cancelled and record.steps_after_cancel <= 1
     assert record.items < 100  # far from the 800 tokens asked for
-    assert idle_after < 0.25, idle_after
-    assert time.perf_counter() - closed < 1.0
     with slow_server.client() as http:  # the next request runs normally
         body = http.post("/completion", json={"prompt": "x", "n_predict": 3}).json()
     assert body["tokens_predicted"] <= 3 and body["stop"] is True
