@@ -42,8 +42,8 @@ from engine.fim import (
     build_fim_ids,
     detect_fim_family,
     fim_stop_token_ids,
-    require_fim,
 )
+from engine.fim_plain import FimLines, prefix_only_request, stop_flag, trim_events, trimmer_for
 from engine.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
 from engine.hugepages import BackgroundAdvice, HugePageReport
 from engine.io_spec import IOSpec, resolve_io
@@ -287,18 +287,27 @@ class Engine:
         self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
         order: FimOrder | None = None, extra_files: Sequence[FimFile] = (),
         repo_name: str | None = None, file_path: str | None = None,
+        lines: FimLines = "auto", budget: int | None = None,
     ) -> GenerateRequest:
         """A fill-in-the-middle request in the model's own layout; FIM tokens stop it.
         ``order`` None: the order the model declares (``fim_order`` in its
         tokenizer_config.json), else prefix-suffix-middle.
 
-        Raises UnsupportedModelError when the model has no FIM tokens.
+        A model without FIM tokens gets the prefix-only layout (``engine.fim_plain``): a
+        :class:`~engine.fim_plain.PrefixOnlyRequest` whose answer ``lines`` ("auto",
+        "single", "multi") and the suffix shape; ``budget`` caps its prompt tokens.
+        ``order``, ``repo_name`` and ``file_path`` do not apply there.
         """
-        family = require_fim(self.tokenizer)
+        options = options or GenerateOptions()
+        family = detect_fim_family(self.tokenizer)
+        if family is None:
+            return prefix_only_request(self.tokenizer, prefix, suffix, options,
+                                       max_total=self.max_total(options),
+                                       eos_token_ids=self.eos_token_ids,
+                                       extra_files=extra_files, lines=lines, budget=budget)
         order = order or ("spm" if self.tokenizer.fim_order == "spm" else "psm")
         ids = build_fim_ids(self.tokenizer, family, prefix, suffix, order=order,
                             extra_files=extra_files, repo_name=repo_name, file_path=file_path)
-        options = options or GenerateOptions()
         if options.eos_token_ids is None:
             stops = dict.fromkeys([*self.eos_token_ids, *fim_stop_token_ids(family)])
             options = replace(options, eos_token_ids=tuple(stops))
@@ -308,9 +317,16 @@ class Engine:
 
     def stream(self, request: GenerateRequest,
                cancel: threading.Event | None = None) -> EventStream:
-        """Generate, yielding an event per token and a final event with the result."""
+        """Generate, yielding an event per token and a final event with the result.
+        A prefix-only infill (``fim_request`` on a model without FIM tokens) streams its
+        answer through its completion rules (``engine.fim_trim``)."""
         started = time.perf_counter()
-        return self._stream(request, self.encode_request(request), None, cancel, started)
+        trimmer = trimmer_for(request)
+        if trimmer is None:
+            return self._stream(request, self.encode_request(request), None, cancel, started)
+        stop = stop_flag(cancel)
+        events = self._stream(request, self.encode_request(request), None, stop, started)
+        return trim_events(events, trimmer, stop)
 
     def generate(self, request: GenerateRequest,
                  cancel: threading.Event | None = None) -> GenerateResult:

@@ -1,9 +1,11 @@
 """One generation as the server runs it, on the engine thread.
 
 Wraps ``Engine.stream`` with what the dialects add on top of the engine's own stop rules:
-llama.cpp's time budgets (``t_max_prompt_ms``, ``t_max_predict_ms``) and minimum
-indentation (``n_indent``). Each yields :class:`Chunk` items (one per engine event) and a
-last :class:`Final`. A limit stops the engine through the job's cancel flag, so it acts
+llama.cpp's time budgets (``t_max_prompt_ms``, ``t_max_predict_ms``), minimum
+indentation (``n_indent``) and, for a prefix-only infill (a model without FIM tokens),
+the completion rules of ``engine.fim_trim`` (text they may still trim is held back).
+Each yields :class:`Chunk` items (one per engine event) and a last :class:`Final`. A
+limit or a completion rule stops the engine through the job's cancel flag, so it acts
 within one token (the prompt budget between prefill chunks).
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.engine import Engine, GenerateRequest, GenerateResult, Timings
+from engine.fim_plain import trim_events, trimmer_for
 from engine.sampling import TokenLogprob
 from engine.scheduler import Priority, Scheduler
 from engine.stopping import CANCELLED
@@ -59,6 +62,9 @@ class Final:
     text: str
     limit: LimitKind | None = None
     is_step: bool = False
+    #: The completion rule that ended a prefix-only infill (``engine.fim_trim``); its
+    #: result finishes as ``eos_token``.
+    rule: str | None = None
 
     @property
     def stop(self) -> StopKind:
@@ -165,6 +171,7 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
     started = time.perf_counter()
     timer = _PromptTimer(limits.prompt_ms, cancel)
     gate = IndentGate(limits.n_indent) if limits.n_indent > 0 else None
+    trimmer = trimmer_for(request)
     pieces: list[str] = []
     first_at: float | None = None
     limit: LimitKind | None = None
@@ -172,6 +179,8 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
     try:
         stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel,
                                              session_id=session_id)
+        if trimmer is not None:  # the job's flag: a finished answer stops the engine
+            stream = trim_events(stream, trimmer, cancel)
         with closing(stream) as events:
             for event in events:
                 if event.result is not None:
@@ -208,7 +217,8 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
             yield Chunk(tail, None, None, time.perf_counter())
     if result is None:
         result = _empty_result(engine, request, started)
-    yield Final(result, "".join(pieces), limit)
+    rule = trimmer.rule if trimmer is not None and limit is None else None
+    yield Final(result, "".join(pieces), limit, rule=rule)
 
 
 def generation_job(engine_of: Callable[[], Engine], request: GenerateRequest,

@@ -1,6 +1,9 @@
 """llama.cpp's /infill prompt: the model's FIM layout, the typed part of the current line
 after the middle token, repo-level extra files, and truncation to fit the context.
 
+A model without FIM tokens gets the prefix-only layout (``engine.fim_plain``): the typed
+part simply ends the prefix, which the layout itself clips to its token budget.
+
 When the prompt does not leave room for the answer, extra files go first (oldest first),
 then the prefix loses its start and the suffix its end (the prefix keeps at least three
 quarters of what remains, as in llama.cpp). What was dropped is reported.
@@ -15,10 +18,8 @@ from dataclasses import dataclass, replace
 from engine.config import GenerateOptions
 from engine.engine import Engine, GenerateRequest
 from engine.fim import FimFile
+from engine.fim_plain import FimLines, reserve_for
 from engine.server.errors import ApiError
-
-#: Tokens kept free for the answer: at most this many, and at most a quarter of the context.
-_MAX_RESERVE = 256
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,10 @@ class InfillPrompt:
 
 
 def _build(engine: Engine, prefix: str, suffix: str, typed: str, files: Sequence[FimFile],
-           options: GenerateOptions) -> GenerateRequest:
+           options: GenerateOptions, lines: FimLines) -> GenerateRequest:
+    if engine.fim_family is None:
+        return engine.fim_request(prefix + typed, suffix, options, extra_files=files,
+                                  lines=lines)
     request = engine.fim_request(prefix, suffix, options, extra_files=files)
     assert request.token_ids is not None
     if not typed:
@@ -47,20 +51,19 @@ def _clean(text: str) -> str:
 
 
 def build_infill(engine: Engine, prefix: str, suffix: str, typed: str,
-                 files: Sequence[FimFile], options: GenerateOptions) -> InfillPrompt:
+                 files: Sequence[FimFile], options: GenerateOptions,
+                 lines: FimLines = "auto") -> InfillPrompt:
     """The infill request, truncated to leave room for the answer (see module docstring).
-
-    Raises UnsupportedModelError (HTTP 501) when the model has no FIM tokens.
-    """
+    ``lines``: single or multi-line answers of the prefix-only layout."""
     total = engine.max_total(options)
-    reserve = max(1, min(options.max_new_tokens, total // 4, _MAX_RESERVE))
+    reserve = reserve_for(options, total)
     budget = total - reserve
-    request = _build(engine, prefix, suffix, typed, files, options)
+    request = _build(engine, prefix, suffix, typed, files, options, lines)
     full = size = len(request.token_ids or ())
     kept = list(files)
     while kept and size > budget:
         kept.pop(0)
-        request = _build(engine, prefix, suffix, typed, kept, options)
+        request = _build(engine, prefix, suffix, typed, kept, options, lines)
         size = len(request.token_ids or ())
     tokenizer = engine.tokenizer
     target = budget
@@ -79,7 +82,7 @@ def build_infill(engine: Engine, prefix: str, suffix: str, typed: str,
         keep_s = max(0, min(len(s_ids), room - keep_p))
         prefix = _clean(tokenizer.decode(p_ids[len(p_ids) - keep_p:])) if keep_p else ""
         suffix = _clean(tokenizer.decode(s_ids[:keep_s])) if keep_s else ""
-        request = _build(engine, prefix, suffix, typed, kept, options)
+        request = _build(engine, prefix, suffix, typed, kept, options, lines)
         size = len(request.token_ids or ())
         target -= max(1, size - budget)  # retokenizing may have grown it: aim lower
     if size > budget:
@@ -89,7 +92,8 @@ def build_infill(engine: Engine, prefix: str, suffix: str, typed: str,
 
 
 def warm_job(engine_of: Callable[[], Engine], prefix: str, suffix: str, typed: str,
-             files: Sequence[FimFile]) -> Callable[[threading.Event], Iterator[int]]:
+             files: Sequence[FimFile], lines: FimLines = "auto"
+             ) -> Callable[[threading.Event], Iterator[int]]:
     """A background job for llama.vim's ``n_predict: 0``: run the infill prompt (one
     token) so its KV lands in the prefix cache and the next completion that shares the
     start (the extra files come first) prefills only the rest. Yields the prompt length."""
@@ -97,7 +101,7 @@ def warm_job(engine_of: Callable[[], Engine], prefix: str, suffix: str, typed: s
     def job(cancel: threading.Event) -> Iterator[int]:
         engine = engine_of()
         options = GenerateOptions(max_new_tokens=1, temperature=0.0)
-        fitted = build_infill(engine, prefix, suffix, typed, files, options)
+        fitted = build_infill(engine, prefix, suffix, typed, files, options, lines)
         engine.generate(fitted.request, cancel)
         yield len(fitted.request.token_ids or ())
 

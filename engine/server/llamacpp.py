@@ -11,6 +11,12 @@ naming the budget.
 gives a request the runner whose cache shares most of its prompt, and prompt KV is always
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
 (``{}``: any value); GBNF ``grammar`` is refused.
+/infill on a model without FIM tokens uses the prefix-only layout (``engine.fim_plain``);
+``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block, and
+``fim_stop`` in the answer names the completion rule that ended it (``line_end``,
+``dedent``, ``blank_line``, ``suffix_line``, ``suffix_bracket``; null otherwise).
+``/props`` says the layout in ``fim_layout`` (``psm``, ``spm``, ``codestral``,
+``prefix-only``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from fastapi.responses import Response
 from engine.config import GenerateOptions
 from engine.engine import GenerateRequest
 from engine.fim import FimFile
+from engine.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final, Limits
 from engine.server.infill import InfillPrompt, build_infill, warm_job
@@ -117,7 +124,8 @@ def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
             "tokens_dropped": dropped, "stop_type": stop_type,
             "stopped_eos": stop_type == "eos", "stopped_word": stop_type == "word",
             "stopped_limit": stop_type == "limit", "stopping_word": word, "limit": limit,
-            "tokens_cached": final.result.prefix_cache_hit_len, "timings": _timings(final)}
+            "tokens_cached": final.result.prefix_cache_hit_len, "timings": _timings(final),
+            "fim_stop": final.rule}
 
 
 def _warm_body(model: LoadedModel) -> dict[str, Any]:
@@ -211,7 +219,7 @@ def _warm(ctx: ServerContext, model: LoadedModel, body: InfillRequest,
     if not ctx.worker.idle or not (body.input_extra or body.input_prefix or body.input_suffix):
         return
     job = warm_job(lambda: ctx.models.engine_for(model), body.input_prefix, body.input_suffix,
-                   body.prompt, files)
+                   body.prompt, files, body.fim_lines)
     try:
         ctx.worker.submit(job, "low")
     except Exception:  # busy or stopping: warming is only ever a hint
@@ -224,11 +232,6 @@ async def infill(body: InfillRequest, request: Request,
                  ) -> Response | dict[str, Any] | list[dict[str, Any]]:
     model = ctx.models.require(body.model)
     engine = model.engine
-    if engine.fim_family is None:
-        raise ApiError(501, f"the model {model.id} cannot fill in the middle: its vocabulary "
-                       "has no FIM tokens", code="not_supported",
-                       hint="load a code model such as Qwen2.5-Coder, StarCoder2, CodeLlama, "
-                       "DeepSeek-Coder or Codestral")
     count = _check(body)
     files = [FimFile(e.filename or "untitled", e.text) for e in body.input_extra]
     if body.n_predict == 0:
@@ -238,7 +241,8 @@ async def infill(body: InfillRequest, request: Request,
     for index in range(count):
         options = llama_options(body, model, seed_offset=index)
         fitted = await asyncio.to_thread(build_infill, engine, body.input_prefix,
-                                         body.input_suffix, body.prompt, files, options)
+                                         body.input_suffix, body.prompt, files, options,
+                                         body.fim_lines)
         prompts.append((fitted.request, fitted))
     return await _run(ctx, request, model, body, prompts)
 
@@ -272,8 +276,9 @@ async def props(ctx: Ctx) -> dict[str, Any]:
                            "min_p": 0.05, "seed": -1}},
             "total_slots": 1, "model_path": str(model.path), "model_alias": model.id,
             "has_chat_template": engine.tokenizer.has_chat_template,
-            "infill": engine.fim_family is not None,
+            "infill": True,
             "fim_family": engine.fim_family.name if engine.fim_family else None,
+            "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
             "modalities": {"vision": False, "audio": False},
             "build_info": "onnx-local-llm worker"}
 

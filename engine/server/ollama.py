@@ -1,11 +1,13 @@
 """Ollama dialect (Continue's recommended local autocomplete): /api/tags, /api/show,
 /api/generate, /api/chat.
 
-``/api/show``'s ``template`` contains ``.Suffix`` exactly when the model can fill in the
-middle (Continue enables autocomplete on that); its ``parameters`` are single
+``/api/show``'s ``template`` contains ``.Suffix`` (Continue enables autocomplete on
+that) and ``fim_layout`` names the layout (``psm``, ``spm``, ``codestral``, or
+``prefix-only`` for a model without FIM tokens); its ``parameters`` are single
 ``key value`` lines (``num_ctx``, ``stop "..."``) with no blank line, as Continue parses
 them. The template only describes the layout: the worker builds prompts itself.
-``/api/generate`` with ``suffix`` fills in the middle in the model's layout; with ``raw``
+``/api/generate`` with ``suffix`` fills in the middle in the model's layout (prefix-only:
+``engine.fim_plain``, with ``fim_lines`` for one line or a block); with ``raw``
 the prompt is sent as is (special tokens parsed); otherwise it becomes a user message in
 the chat template (or stays raw when the model has none). ``format`` (``"json"`` or a
 schema) constrains the answer to JSON. Streams are NDJSON; an error after the first line
@@ -25,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine.engine import Engine, GenerateRequest
+from engine.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final
 from engine.server.models import LoadedModel
@@ -81,10 +84,13 @@ async def tags(ctx: Ctx) -> dict[str, Any]:
 
 
 def fim_template(engine: Engine) -> str:
-    """A Go-template description of the model's prompt; mentions .Suffix iff FIM works."""
+    """A Go-template description of the model's prompt; it mentions .Suffix (Continue's
+    test for autocomplete) for every model: one without FIM tokens takes the suffix too,
+    to trim its prefix-only answer, and its template says so."""
     family = engine.fim_family
     if family is None:
-        return "{{ .Prompt }}"
+        return ("{{- if .Suffix }}{{ .Prompt }}{{/* prefix-only: .Suffix trims the answer */}}"
+                "{{- else }}{{ .Prompt }}{{- end }}")
 
     def spell(token: int) -> str:
         return (engine.tokenizer.id_to_token(token) or "").replace("▁", " ")
@@ -116,12 +122,12 @@ async def show(body: OllamaShowRequest, ctx: Ctx
     modelfile = "\n".join([f"# Modelfile of {model.id} (served by onnx-local-llm)",
                            f"FROM {model.path}", f'TEMPLATE """{template}"""',
                            *(f"PARAMETER {k} {v}" for k, v in params)])
-    capabilities = ["completion"] + (["insert"] if engine.fim_family else [])
     return {"license": "", "modelfile": modelfile, "parameters": parameters,
             "template": template, "details": _details(model),
+            "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
             "model_info": {"general.architecture": model.family,
                            f"{model.family}.context_length": engine.context_length},
-            "capabilities": capabilities, "modified_at": _iso(model.loaded_at)}
+            "capabilities": ["completion", "insert"], "modified_at": _iso(model.loaded_at)}
 
 
 def _stats(final: Final) -> dict[str, Any]:
@@ -180,7 +186,8 @@ async def generate(body: OllamaGenerateRequest, request: Request,
                 "done_reason": "load"}
     options = ollama_options(body.options, model, body.format)
     if body.suffix:
-        gen = await asyncio.to_thread(engine.fim_request, body.prompt, body.suffix, options)
+        gen = await asyncio.to_thread(lambda: engine.fim_request(
+            body.prompt, body.suffix or "", options, lines=body.fim_lines))
     elif body.raw or not engine.tokenizer.has_chat_template:
         prompt = body.prompt if body.raw or not body.system else f"{body.system}\n\n{body.prompt}"
         gen = GenerateRequest(prompt=prompt, options=options)

@@ -4,7 +4,10 @@
   adds text, then a chunk with ``finish_reason``, a usage chunk when
   ``stream_options.include_usage``, and ``[DONE]``.
 - Completions take a raw prompt (special tokens parsed, no template), or with ``suffix``
-  fill in the middle in the model's own FIM layout; the suffix is never appended.
+  fill in the middle in the model's own FIM layout; the suffix is never appended. A model
+  without FIM tokens completes code from the prompt alone (``engine.fim_plain``: the
+  suffix trims the answer; ``fim_lines`` picks one line or a block) when the suffix is
+  not empty; an empty suffix there is a plain completion.
 - ``n`` / ``best_of`` above 1 and ``tools`` are refused with a message.
 - ``response_format`` ``json_object`` / ``json_schema`` (chat and completions) constrain
   the answer to JSON (engine/server/options.py); a closed value ends with ``stop``, an
@@ -29,6 +32,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
 from engine.engine import GenerateRequest
+from engine.fim_plain import fim_layout
 from engine.sampling import TokenLogprob
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Chunk, Final
@@ -69,6 +73,7 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
             "owned_by": "local",
             "meta": {"family": model.family, "context_length": engine.context_length,
                      "fim": engine.fim_family.name if engine.fim_family else None,
+                     "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
                      "format": engine.model.format, "provider": engine.provider,
                      "path": str(model.path)}}
 
@@ -252,7 +257,8 @@ async def _completion_request(body: CompletionRequest, model: LoadedModel) -> Ge
                            param="suffix")
         if body.echo:
             raise ApiError(400, "echo: cannot be combined with suffix", param="echo")
-        return await asyncio.to_thread(engine.fim_request, prompt, body.suffix, options)
+        return await asyncio.to_thread(lambda: engine.fim_request(
+            prompt, body.suffix or "", options, lines=body.fim_lines))
     if isinstance(prompt, str):
         return GenerateRequest(prompt=prompt, options=options)
     return GenerateRequest(token_ids=prompt, options=options)

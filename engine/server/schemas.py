@@ -8,13 +8,19 @@ live here; option values are checked by ``GenerateOptions``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 StopText = Annotated[str, Field(max_length=512)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=64)] | None
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+#: Single or multi-line code completion for models without FIM tokens (engine.fim_plain):
+#: "auto" is one line when the cursor is mid-line or a stop string is "\n".
+FimLinesField = Annotated[Literal["auto", "single", "multi"], Field(
+    description="models without FIM tokens: 'single' ends the completion at the end of the "
+    "line, 'multi' at a dedent or a blank line; 'auto': single when the cursor is mid-line "
+    "or a stop string is a line break")]
 
 
 class _Body(BaseModel):
@@ -86,6 +92,7 @@ class CompletionRequest(_OpenAISampling):
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
+    fim_lines: FimLinesField = "auto"
 
 
 # --- llama.cpp ------------------------------------------------------------------------
@@ -132,6 +139,7 @@ class InfillRequest(LlamaSampling):
     input_suffix: str = ""
     input_extra: list[InfillExtra] = Field(default_factory=list)
     prompt: str = ""
+    fim_lines: FimLinesField = "auto"
 
 
 class LlamaCompletionRequest(LlamaSampling):
@@ -186,6 +194,7 @@ class OllamaGenerateRequest(_Body):
     format: str | dict[str, Any] | None = None
     images: list[str] | None = None
     keep_alive: str | int | float | None = None
+    fim_lines: FimLinesField = "auto"
 
 
 class OllamaChatMessage(_Body):

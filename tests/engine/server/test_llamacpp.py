@@ -153,11 +153,13 @@ def test_props_tokenize_detokenize_apply_template(server, engine: Engine):
         assert prompt["prompt"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_model_without_fim_tokens_gets_501_with_a_message(nofim_server):
-    response = _infill(nofim_server, n_predict=4)
-    assert response.status_code == 501
-    error = response.json()["error"]
-    assert error["code"] == 501 and "fill in the middle" in error["message"]
+def test_model_without_fim_tokens_completes_from_the_prefix(nofim_server):
+    response = _infill(nofim_server, n_predict=4, prompt="    result = [")
+    assert response.status_code == 200 and llama_vim_accepts(response.text)
+    assert "\n" not in response.json()["content"]  # mid-line: one line at most
+    with nofim_server.client() as http:
+        props = http.get("/props").json()
+    assert props["fim_layout"] == "prefix-only" and props["fim_family"] is None
     assert llama_vim_accepts('{"content":""}')  # sanity of the helper itself
 
 

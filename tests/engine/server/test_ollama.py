@@ -23,11 +23,11 @@ def test_tags_lists_the_loaded_model(server):
     assert models[0]["details"]["format"] == "onnx" and models[0]["size"] > 0
 
 
-def test_show_template_has_suffix_only_when_fim_works(server, nofim_server, engine):
+def test_show_template_has_suffix_and_says_the_layout(server, nofim_server, engine):
     with server.client() as http:
         shown = http.post("/api/show", json={"name": "qwen2.5-coder:1.5b"}).json()
     assert ".Suffix" in shown["template"] and "<|fim_middle|>" in shown["template"]
-    assert "insert" in shown["capabilities"]
+    assert "insert" in shown["capabilities"] and shown["fim_layout"] == "psm"
     params: dict[str, list[str]] = {}
     for line in shown["parameters"].split("\n"):
         match = PARAMETER_LINE.match(line)
@@ -37,7 +37,9 @@ def test_show_template_has_suffix_only_when_fim_works(server, nofim_server, engi
     assert json.loads(params["stop"][0]) == "<|endoftext|>"
     with nofim_server.client() as http:
         plain = http.post("/api/show", json={"model": "plain-chat"}).json()
-    assert ".Suffix" not in plain["template"] and "insert" not in plain["capabilities"]
+    # no FIM tokens: the suffix trims a prefix-only answer, and Continue may ask for one
+    assert ".Suffix" in plain["template"] and "<|fim" not in plain["template"]
+    assert "insert" in plain["capabilities"] and plain["fim_layout"] == "prefix-only"
 
 
 def test_generate_with_suffix_streams_ndjson_fim(server, engine):
@@ -90,5 +92,6 @@ def test_errors_are_ollama_shaped(server, nofim_server):
                                                "format": "xml"})
         assert fmt.status_code == 400 and "format" in fmt.json()["error"]
     with nofim_server.client() as http:
-        nofim = http.post("/api/generate", json={"prompt": "a", "suffix": "b"})
-        assert nofim.status_code == 501 and "fill-in-the-middle" in nofim.json()["error"]
+        nofim = http.post("/api/generate", json={"prompt": "a", "suffix": "b",
+                                                 "fim_lines": "sideways"})
+        assert nofim.status_code == 400 and "fim_lines" in nofim.json()["error"]
