@@ -34,7 +34,8 @@ CASES = [
     # where the answer reproduces the rest of the line, it ends
     ("x = f(a, ", "c)\n", False, "b, c) + 1", "b, "),
     # multi-line: a blank line or a dedent ends it, with its line break
-    ("def f():\n    ", "\n    return 1\n", True, "    x = 1\n    y = 2\n\nz = 3", "x = 1\n    y = 2"),
+    ("def f():\n    ", "\n    return 1\n", True, "    x = 1\n    y = 2\n\nz = 3",
+     "x = 1\n    y = 2"),
     ("def f():\n", "\n", True, "\n    x = 1\ndef g():", "    x = 1"),
     ("    total = 0\n    ", "\n", True, "    for i in x:\n        total += i\nprint()",
      "for i in x:\n        total += i"),
