@@ -202,7 +202,7 @@ def prefix_only_request(
     lines: str = "auto", budget: int | None = None,
 ) -> PrefixOnlyRequest:
     """The request of one prefix-only infill (its sampler masks the first tokens)."""
-    from engine.fim_sampler import LineStartSampler
+    from engine.fim_sampler import LineStartSampler, chain_options
 
     multiline = resolve_lines(lines, suffix, options)
     limit = max(1, max_total - reserve_for(options, max_total))
@@ -213,8 +213,8 @@ def prefix_only_request(
                             suffix=suffix, heal=heal)
     eos = options.eos_token_ids if options.eos_token_ids is not None else eos_token_ids
     sampler = LineStartSampler(tokenizer, rules, options, eos_token_ids=eos)
-    return PrefixOnlyRequest(token_ids=tuple(ids), options=options, sampler=sampler,
-                             rules=rules)
+    return PrefixOnlyRequest(token_ids=tuple(ids), options=chain_options(options),
+                             sampler=sampler, rules=rules)
 
 
 def trimmer_for(request: GenerateRequest) -> CompletionTrimmer | None:

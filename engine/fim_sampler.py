@@ -3,6 +3,11 @@
 visible character. Later tokens are the built-in sampler's (greedy or seeded
 categorical over the processed logits), untouched.
 
+The mask must come before truncation (top-k, top-p, min-p would have dropped the second
+choice a mask leaves), so the request's own options carry none
+(:func:`chain_options`) and this sampler truncates, after masking, with the
+caller's values: the same steps in the same order as the built-in chain.
+
 Runs as the request's custom sampler (``GenerateRequest.sampler``), so the rule holds in
 every path that generates: ``Engine.stream``, the scheduler, the server.
 """
@@ -13,14 +18,14 @@ import math
 import threading
 import weakref
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from engine.config import GenerateOptions
 from engine.fim_plain import CompletionRules
 from engine.fim_trim import first_unmatched_closer
-from engine.logits import ProcessorContext
+from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.sampling import Sampler, SamplerContext, make_sampler
 from engine.tokenizer import Tokenizer
 
@@ -108,6 +113,8 @@ class LineStartSampler:
             banned.append(self._vocab.by_first[closer])
         self._banned = np.unique(np.concatenate(banned)) if self._masks else None
         self._inner: Sampler = make_sampler(options)
+        self._truncation = [] if options.is_greedy else make_logits_processors(
+            GenerateOptions(top_k=options.top_k, top_p=options.top_p, min_p=options.min_p))
         self._done = False
 
     def __call__(self, logits: np.ndarray, context: SamplerContext) -> int:
@@ -120,7 +127,10 @@ class LineStartSampler:
                 self._done = True
             else:
                 logits = self._mask(logits, context.generated_ids)
-        return self._inner(logits, ProcessorContext())
+        state = ProcessorContext(prompt_ids=(), generated_ids=list(context.generated_ids))
+        if self._truncation:
+            logits = apply_processors(logits, self._truncation, state)
+        return self._inner(logits, state)
 
     def _mask(self, logits: np.ndarray, generated: tuple[int, ...]) -> np.ndarray:
         heal = self._rules.heal
@@ -147,3 +157,9 @@ def _keep_only(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     masked = np.full(logits.shape, -np.inf, dtype=np.float32)
     masked[ids] = logits[ids]
     return masked
+
+
+def chain_options(options: GenerateOptions) -> GenerateOptions:
+    """``options`` for the engine's own processor chain under a :class:`LineStartSampler`:
+    no truncation (the sampler truncates after its mask)."""
+    return replace(options, top_k=0, top_p=1.0, min_p=0.0)
