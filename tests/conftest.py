@@ -19,32 +19,22 @@ from tests.forge import (
 
 REFERENCE_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "reference-models"
 
-#: Folders under the user's home that this project or its libraries write to, when pointed
-#: there: the app's platformdirs, ONNX Runtime's telemetry, the Hugging Face cache.
+#: The folders under the user's home that this project's code writes to when pointed there
+#: (the app's and the worker's platformdirs: chats, settings, admin token, KV store). Other
+#: libraries' folders (ONNX Runtime's telemetry under .cache/Microsoft, the Hugging Face
+#: cache) are not watched: other programs on the machine write there too, and the
+#: session's HOME and ORT_DISABLE_TELEMETRY keep the tests out of them (tests/test_home.py).
 WATCHED = (".cache/onnx-local-llm", ".config/onnx-local-llm", ".local/share/onnx-local-llm",
-           ".local/state/onnx-local-llm", ".cache/Microsoft", ".cache/huggingface",
-           ".config/matplotlib", ".cache/matplotlib")
-#: Folders whose direct entries are watched (something new appearing in them).
-LISTED = (".", ".cache", ".config", ".local", ".local/share", ".local/state")
-#: Environment variables that decide where programs write user files.
-HOME_VARIABLES = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME",
-                  "XDG_STATE_HOME", "XDG_RUNTIME_DIR")
+           ".local/state/onnx-local-llm")
 
 
 def home_snapshot(home: Path) -> dict[str, tuple[int, int]]:
-    """Every file and folder under WATCHED (modified time, size) and the entries of LISTED
-    folders: what a test could change in ``home``."""
+    """Each WATCHED folder and everything under it (modified time, size): what a test
+    could change in ``home``."""
     seen: dict[str, tuple[int, int]] = {}
-    for folder in LISTED:
-        try:
-            for entry in os.scandir(home / folder):
-                seen.setdefault(os.path.normpath(f"{folder}/{entry.name}"), (0, 0))
-        except OSError:
-            continue
     for folder in WATCHED:
         for root, dirs, files in os.walk(home / folder):
-            for name in dirs + files:
-                path = Path(root, name)
+            for path in (Path(root), *(Path(root, name) for name in dirs + files)):
                 try:
                     info = path.lstat()
                 except OSError:
@@ -123,6 +113,28 @@ def optimum_model_dir(tmp_path_factory: pytest.TempPathFactory, forge_spec: Forg
 @pytest.fixture(scope="session")
 def static_model_dir(tmp_path_factory: pytest.TempPathFactory, forge_spec: ForgeSpec) -> Path:
     return write_static_model(tmp_path_factory.mktemp("forge-static"), forge_spec)
+
+
+#: A forged model big enough for int4 rounding to depend on how many rows a step has
+#: (128-row quantization blocks): its batched and verified steps move log-probabilities a
+#: little, which the 64-wide default model does not show (tests/engine/equivalence.py).
+INT4_SPEC = ForgeSpec(hidden=256, intermediate=768, layers=4, heads=8, kv_heads=2, vocab=2048)
+
+
+@pytest.fixture(scope="session")
+def int4_fp32_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """INT4_SPEC in fp32: the weights int4_model_dir quantizes."""
+    return write_genai_model(tmp_path_factory.mktemp("forge-int4-fp32"), INT4_SPEC)
+
+
+@pytest.fixture(scope="session")
+def int4_model_dir(tmp_path_factory: pytest.TempPathFactory, int4_fp32_model_dir: Path
+                   ) -> Path:
+    """INT4_SPEC with every weight MatMul in int4 (MatMulNBits, blocks of 128)."""
+    from tests.forge import quantize_int4
+
+    return quantize_int4(int4_fp32_model_dir, tmp_path_factory.mktemp("forge-int4"),
+                         block_size=128)
 
 
 @pytest.fixture(scope="session")

@@ -57,9 +57,9 @@ def test_the_home_check_sees_a_new_changed_or_removed_file(tmp_path):
     (tmp_path / ".config" / "onnx-local-llm").mkdir(parents=True)
     (tmp_path / ".config" / "onnx-local-llm" / "admin-token").write_text("x")
     kept.write_text("longer")
-    (tmp_path / "stray").write_text("")
+    (tmp_path / ".local" / "share" / "onnx-local-llm").mkdir(parents=True)  # even empty
     assert set(home_changes(before, home_snapshot(tmp_path))) == {
-        "+ .config", "~ .cache/onnx-local-llm/kept", "+ stray", "+ .config/onnx-local-llm",
-        "+ .config/onnx-local-llm/admin-token"}
+        "~ .cache/onnx-local-llm/kept", "+ .config/onnx-local-llm",
+        "+ .config/onnx-local-llm/admin-token", "+ .local/share/onnx-local-llm"}
     kept.unlink()
     assert "- .cache/onnx-local-llm/kept" in home_changes(before, home_snapshot(tmp_path))
