@@ -69,7 +69,9 @@ def test_a_worker_that_cannot_start_says_why_and_gives_up(qtbot, tmp_path, app_h
                                admin_token_file=str(app_home / "token")))
     qtbot.waitUntil(lambda: worker.state == "failed", timeout=60_000)
     assert len(crashes) > 1  # restarted a few times first
-    assert "no-such-model" in crashes[-1].diagnosis or "error" in crashes[-1].diagnosis.lower()
+    diagnosis = crashes[-1].diagnosis  # the engine's own error and fix, as it printed them
+    assert f"error: model folder {tmp_path / 'no-such-model'} does not exist" in diagnosis
+    assert "fix: pass the folder that holds model.onnx" in diagnosis
     assert not crashes[-1].restarting
 
 

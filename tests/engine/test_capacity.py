@@ -95,7 +95,13 @@ def test_dxgi_reports_unknown_off_windows():
 @pytest.mark.skipif(sys.platform != "win32", reason="DXGI is Windows only")
 def test_dxgi_reads_a_real_adapter_on_windows():
     r = read_capacity(DxgiAdapter(0))
-    assert r.total is None or r.total > 0, r.note
+    if r.total is None:  # no budget from this adapter: the note must say why
+        assert r.note.startswith("DXGI: ") and r.note != "DXGI: Windows only", r.note
+        return
+    assert r.total > 0
+    if r.available is not None:  # budget minus this process's usage
+        assert 0 <= r.available <= r.total
+        assert r.process_used is not None and r.process_used >= 0
 
 
 def test_unknown_capacity_says_why():

@@ -188,7 +188,8 @@ def test_wrong_head_size_of_an_int4_graph_is_refused_at_load(genai_model_dir, tm
     from tests.forge.quant import quantize_int4
 
     int4 = quantize_int4(genai_model_dir, tmp_path / "int4")
-    assert load_model_dir(int4).graph.attention.head_size == 16
+    attention = load_model_dir(int4).graph.attention
+    assert attention is not None and attention.head_size == 16
     wrong = _with_config(int4, tmp_path / "wrong", head_size=8)
     with pytest.raises(ModelLoadError, match="head_size is 8, but the graph's attention has a "
                        "head size of 16"):

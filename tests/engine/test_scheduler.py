@@ -1,5 +1,7 @@
-"""The scheduler interleaves, batches and preempts without changing any output."""
+"""The scheduler interleaves, batches and preempts without changing any output (fp32; on
+int4 graphs, up to a near-tie: tests/engine/equivalence.py)."""
 
+import random
 import threading
 
 import pytest
@@ -7,6 +9,7 @@ import pytest
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import InvalidPromptError
 from engine.scheduler import Scheduler
+from tests.engine.equivalence import assert_follows_solo_up_to_a_near_tie
 
 
 class Collector:
@@ -151,3 +154,41 @@ def test_turns_of_one_session_run_in_order(engines):
     _drain(scheduler)
     first = list(a.result.token_ids)
     assert b.result.token_ids == _solo(solo, _req(PROMPTS[0] + first + [7, 8], n=4))
+
+
+def test_int4_batched_answers_follow_their_solo_runs_up_to_a_near_tie(int4_model_dir):
+    """int4: a four-row step may round differently from a one-row step (the promise in
+    tests/engine/equivalence.py and the README); fp32 above is exact."""
+    solo = Engine.load(int4_model_dir, EngineConfig(intra_op_threads=1, prefix_cache=False))
+    engine = Engine.load(int4_model_dir, EngineConfig(intra_op_threads=1, max_batch=4))
+    rng = random.Random(0)
+    parted = []
+    for _ in range(4):
+        scheduler = Scheduler(engine)
+        requests = [_req([rng.randrange(1, 2000) for _ in range(rng.randrange(3, 40))],
+                         n=32, top_logprobs=5) for _ in range(4)]
+        sinks = [Collector() for _ in requests]
+        for req, sink in zip(requests, sinks, strict=True):
+            scheduler.submit(req, sink)
+        _drain(scheduler)
+        assert scheduler.batched_steps >= 31  # the four decoded together
+        for req, sink in zip(requests, sinks, strict=True):
+            assert sink.error is None
+            solo.runner.reset()
+            parted.append(assert_follows_solo_up_to_a_near_tie(
+                solo.generate(req), sink.result.token_ids, sink.result.logprobs))
+    print("int4 batched answers parting from solo at:", parted)
+
+
+def test_the_near_tie_check_refuses_an_answer_that_left_without_a_tie(engines):
+    _, solo = engines
+    solo.runner.reset()
+    result = solo.generate(_req(PROMPTS[1], n=12, top_logprobs=5))
+    tokens = list(result.token_ids)
+    assert assert_follows_solo_up_to_a_near_tie(result, tokens, result.logprobs) is None
+    top = result.logprobs[3].top
+    far = next(t for t, lp in top if top[0][1] - lp > 1.0)  # the sharp model: clear choices
+    with pytest.raises(AssertionError, match="step 3: not a near-tie"):
+        assert_follows_solo_up_to_a_near_tie(result, [*tokens[:3], far, *tokens[4:]])
+    with pytest.raises(AssertionError, match="step 3: token 1999 is not among"):
+        assert_follows_solo_up_to_a_near_tie(result, [*tokens[:3], 1999, *tokens[4:]])

@@ -1,4 +1,5 @@
-"""Speculation (prompt lookup, draft model): several tokens per forward pass, output unchanged."""
+"""Speculation (prompt lookup, draft model): several tokens per forward pass, output unchanged
+(fp32; on int4 graphs, up to a near-tie: tests/engine/equivalence.py)."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import InvalidOptionError
 from engine.scheduler import Scheduler
 from engine.speculative import AdaptiveK, PromptLookup, verify_greedy
+from tests.engine.equivalence import assert_follows_solo_up_to_a_near_tie
 
 PATTERN = [1, 2, 3, 4] * 12
 
@@ -246,3 +248,25 @@ def test_draft_models_need_the_same_tokenizer_and_a_loaded_draft(genai_model_dir
     plain = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
     with pytest.raises(InvalidOptionError, match="draft model"):
         _run(plain, PATTERN, "draft_model")
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft_model"])
+def test_int4_speculation_follows_plain_greedy_up_to_a_near_tie(int4_model_dir,
+                                                                 int4_fp32_model_dir, mode):
+    """int4: a verify pass of several tokens may round differently from one-token steps
+    (tests/engine/equivalence.py, the README); on fp32 graphs above it is exact. Its own
+    fp32 weights are the draft."""
+    engine = Engine.load(int4_model_dir, EngineConfig(
+        intra_op_threads=1, prefix_cache=False, draft_model=str(int4_fp32_model_dir)))
+    rng = np.random.default_rng(2024)
+    parted, accepted = [], 0
+    for _ in range(30):
+        q = rng.integers(1, 2000, size=int(rng.integers(3, 10))).tolist()
+        prompt = [*q, *_run(engine, q, "none", n=12).token_ids, *q]
+        fast = _run(engine, prompt, mode, n=16)
+        assert fast.speculation is not None
+        accepted += fast.speculation.accepted
+        solo = _run(engine, prompt, "none", n=16, top_logprobs=5)
+        parted.append(assert_follows_solo_up_to_a_near_tie(solo, fast.token_ids))
+    assert accepted > 0  # guesses were verified several at a time
+    print(f"int4 {mode} answers parting from plain greedy at:", parted)
