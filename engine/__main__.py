@@ -80,8 +80,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      "model fits (default auto)")
     gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model", "mtp"),
                      default="none",
-                     help="greedy only: guess tokens and verify them in one pass; the text is "
-                     "the same, only faster (default none)")
+                     help="greedy only: guess tokens and verify them in one pass; the same "
+                     "text, faster (on int4 models it can differ at a near-tie: README) "
+                     "(default none)")
     gen.add_argument("--draft-model", metavar="FOLDER",
                      help="draft model folder for --speculative draft_model (default: none)")
     gen.add_argument("--truncate-prompt", action="store_true",
