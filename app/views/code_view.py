@@ -4,7 +4,9 @@ After typing pauses (``debounce_ms``, 250 by default; setting ``code/debounce_ms
 text before and after the cursor goes to the worker in llama.cpp's dialect, laid out as
 llama.vim does (the lines above as ``input_prefix``, the typed part of the line as
 ``prompt``, the rest as ``input_suffix``). The answer shows as grey ghost text at the
-cursor: Tab takes it, Esc drops it, typing replaces it.
+cursor: Tab takes it, Esc drops it, typing replaces it. A model without FIM tokens works
+too: the worker completes from the prefix alone and trims the answer by the suffix itself
+(``engine.fim_plain``), so the pane does not trim it again.
 
 Newest wins: a request still in flight is aborted when a newer one starts, and an answer
 for a text or cursor that has changed since it was asked for is dropped, never shown.
@@ -202,7 +204,8 @@ class CodeView(QWidget):
         item = answer[0] if isinstance(answer, list) and answer else answer
         item = item if isinstance(item, dict) else {}
         text = trim_repetition(str(item.get("content") or "").rstrip())
-        if self._line_rest:
+        if self._line_rest and item.get("fim_layout") != "prefix-only":
+            # the worker trims prefix-only answers itself (engine.fim_trim), brackets aware
             text = fit_mid_line(text, self._line_rest)
         tokens = item.get("tokens_predicted")
         if not isinstance(tokens, int):

@@ -12,11 +12,10 @@ gives a request the runner whose cache shares most of its prompt, and prompt KV 
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
 (``{}``: any value); GBNF ``grammar`` is refused.
 /infill on a model without FIM tokens uses the prefix-only layout (``engine.fim_plain``);
-``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block, and
-``fim_stop`` in the answer names the completion rule that ended it (``line_end``,
+``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block. /infill answers
+add ``fim_layout`` (``psm``, ``spm``, ``codestral``, ``prefix-only``; as ``/props``) and
+``fim_stop``, the completion rule that ended a prefix-only answer (``line_end``,
 ``dedent``, ``blank_line``, ``suffix_line``, ``suffix_bracket``; null otherwise).
-``/props`` says the layout in ``fim_layout`` (``psm``, ``spm``, ``codestral``,
-``prefix-only``).
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ def _timings(final: Final) -> dict[str, float]:
 
 def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
                     body: LlamaSampling, *, index: int = 0, truncated: bool = False,
-                    dropped: int = 0) -> dict[str, Any]:
+                    dropped: int = 0, infill: bool = False) -> dict[str, Any]:
     stop_type = _STOP_TYPE[final.stop]
     reason = final.result.finish_reason
     word = ""
@@ -116,6 +115,8 @@ def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
         word = stop if isinstance(stop, str) else model.engine.tokenizer.decode(stop)
     limit = final.limit or ("n_predict" if final.stop == "max_tokens" else
                             "n_ctx" if final.stop == "length" else None)
+    fim = {"fim_layout": fim_layout(model.engine.fim_family, model.engine.tokenizer),
+           "fim_stop": final.rule} if infill else {}
     return {"index": index, "content": final.text, "tokens": [], "id_slot": 0, "stop": True,
             "model": model.id, "tokens_predicted": final.completion_tokens,
             "tokens_evaluated": final.result.prompt_tokens,
@@ -125,7 +126,7 @@ def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
             "stopped_eos": stop_type == "eos", "stopped_word": stop_type == "word",
             "stopped_limit": stop_type == "limit", "stopping_word": word, "limit": limit,
             "tokens_cached": final.result.prefix_cache_hit_len, "timings": _timings(final),
-            "fim_stop": final.rule}
+            **fim}
 
 
 def _warm_body(model: LoadedModel) -> dict[str, Any]:
@@ -184,7 +185,8 @@ async def _run(ctx: ServerContext, request: Request, model: LoadedModel, body: L
                                      LLAMA_RENAMES)
             answer = completion_body(final, model, gen.options, body, index=index,
                                      truncated=bool(fitted and fitted.truncated),
-                                     dropped=fitted.dropped_tokens if fitted else 0)
+                                     dropped=fitted.dropped_tokens if fitted else 0,
+                                     infill=fitted is not None)
             answers.append(select_fields(answer, body.response_fields))
     finally:
         for handle in handles:
@@ -200,7 +202,8 @@ async def _stream(first: Any, handle: Any, model: LoadedModel, options: Generate
             if isinstance(item, Final):
                 answer = completion_body(item, model, options, body,
                                          truncated=bool(fitted and fitted.truncated),
-                                         dropped=fitted.dropped_tokens if fitted else 0)
+                                         dropped=fitted.dropped_tokens if fitted else 0,
+                                         infill=fitted is not None)
                 yield sse({**select_fields(answer, body.response_fields), "content": ""})
                 return
             predicted += item.is_step
