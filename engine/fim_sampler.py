@@ -123,6 +123,7 @@ class LineStartSampler:
             self._done = False
         if not self._done:
             generated = np.asarray(context.generated_ids, dtype=np.intp)
+            generated = generated[generated < len(self._vocab.texts)]
             if generated.size and self._vocab.visible[generated].any():
                 self._done = True
             else:
