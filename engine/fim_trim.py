@@ -12,7 +12,8 @@ Rules, on the generated text after the healed blanks (``engine.fim_plain``):
   cursor's line (two characters or more) on the cursor's line, or the suffix's next
   non-blank line as a whole line (``suffix_line``).
 - **Suffix bracket:** it ends before a closing bracket that closes nothing the answer
-  opened when the suffix's first such bracket is the same one (``suffix_bracket``).
+  opened when the suffix's first such bracket is the same one (``suffix_bracket``); a
+  line that would start with it goes with its line break.
 - **Overlap:** at the end, a tail of the last line that the rest of the cursor's line
   starts with is dropped, unless it closes a bracket the answer opened.
 
@@ -187,7 +188,8 @@ def _evaluate(raw: str, facts: _Facts, final: bool) -> _Outcome:
             line_no, start, seen = line_no + 1, i + 1, False
             scan.feed(ch)
             continue
-        if not seen and ch not in " \t":
+        first_on_line = not seen and ch not in " \t"
+        if first_on_line:
             seen = True
             indent = i - start
             if line_no == 0:
@@ -199,7 +201,9 @@ def _evaluate(raw: str, facts: _Facts, final: bool) -> _Outcome:
                 cut, rule = start - 1, "dedent"
                 break
         if scan.feed(ch) and ch == facts.closer:
-            cut, rule = i, "suffix_bracket"
+            # a line that would start with it goes whole, with the line break before it
+            cut = i if not first_on_line else start - 1 if line_no else 0 if whole_first else i
+            rule = "suffix_bracket"
             break
         target = facts.reproduced
         if line_no == 0 and target and i + 1 >= len(target) \

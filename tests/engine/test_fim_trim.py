@@ -52,6 +52,9 @@ CASES = [
     ("def f():\n", "\n", False, "\n\n    x = 1\n", "    x = 1"),
     # an answer that only closes what the suffix closes is empty, not the bracket
     ("items = [\n", "]\n", True, "]\n", ""),
+    # ...and a line that starts with that bracket goes with its line break
+    ("items = [\n    1,\n", "\n]\n", True, "    2,\n]\n", "    2,"),
+    ("f(\n    1,", "\n)\n", True, "\n    2,\n    )", "\n    2,"),
 ]
 
 
