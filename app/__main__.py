@@ -41,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.selftest import run_selftest
 
         return run_selftest(args.model, args.timeout)
+    from app.qt_libraries import display_problem
+
+    problem = display_problem()  # Qt itself would abort naming the wrong library
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     from app.launch import run_gui
 
     return run_gui(args)
