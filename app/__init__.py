@@ -1,1 +1,2 @@
-"""The PySide6 desktop app (see DESIGN.md). It talks to the engine worker over HTTP only."""
+"""The PySide6 desktop app (README, "The desktop app"). It talks to the engine worker over HTTP
+only."""
