@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.settings import CHAT_SAMPLING
 from app.store import ChatStore, Conversation
 
 W = TypeVar("W", bound=QWidget)
@@ -203,11 +204,19 @@ class SamplingPanel(QWidget):
         self.top_p.setSingleStep(0.05)
         self.max_tokens = named(QSpinBox(), "maxTokens")
         self.max_tokens.setRange(1, 131072)
+        # 1.0 = off; a little above it keeps a small model out of loops ("I'm best at it
+        # too. I'm best at it too.")
+        self.repetition_penalty = named(QDoubleSpinBox(), "repetitionPenalty")
+        self.repetition_penalty.setRange(1.0, 2.0)
+        self.repetition_penalty.setSingleStep(0.05)
+        self.repetition_penalty.setToolTip("Above 1.0, tokens already in the conversation "
+                                           "become less likely: fewer repeated sentences")
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("System prompt", self.system_prompt)
         row = QHBoxLayout()
         for label, box in (("Temperature", self.temperature), ("Top p", self.top_p),
+                           ("Repetition penalty", self.repetition_penalty),
                            ("Max tokens", self.max_tokens)):
             row.addWidget(QLabel(label))
             row.addWidget(box)
@@ -218,20 +227,27 @@ class SamplingPanel(QWidget):
         self.temperature.valueChanged.connect(self._emit)
         self.top_p.valueChanged.connect(self._emit)
         self.max_tokens.valueChanged.connect(self._emit)
+        self.repetition_penalty.valueChanged.connect(self._emit)
 
     def load(self, system_prompt: str, sampling: dict[str, Any]) -> None:
         self._loading = True
         try:
             self.system_prompt.setPlainText(system_prompt)
-            self.temperature.setValue(float(sampling.get("temperature", 0.7)))
-            self.top_p.setValue(float(sampling.get("top_p", 0.95)))
-            self.max_tokens.setValue(int(sampling.get("max_tokens", 512)))
+            defaults = CHAT_SAMPLING
+            self.temperature.setValue(float(sampling.get("temperature",
+                                                         defaults["temperature"])))
+            self.top_p.setValue(float(sampling.get("top_p", defaults["top_p"])))
+            self.repetition_penalty.setValue(float(sampling.get(
+                "repetition_penalty", defaults["repetition_penalty"])))
+            self.max_tokens.setValue(int(sampling.get("max_tokens", defaults["max_tokens"])))
         finally:
             self._loading = False
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": round(self.temperature.value(), 3),
-                "top_p": round(self.top_p.value(), 3), "max_tokens": self.max_tokens.value()}
+                "top_p": round(self.top_p.value(), 3),
+                "repetition_penalty": round(self.repetition_penalty.value(), 3),
+                "max_tokens": self.max_tokens.value()}
 
     def _emit(self, *_args: object) -> None:
         if not self._loading:

@@ -201,6 +201,23 @@ def test_conversation_list_new_rename_search_delete(qtbot, view, monkeypatch):
     assert view.current_conversation_id() == pears
 
 
+def test_a_new_conversation_samples_as_the_built_in_model_likes(qtbot, ctx, paths):
+    """Temperature 0.2, top-p 0.9 and a mild repetition penalty for a fresh install; the
+    penalty is a field of the panel, saved with the conversation; the worker answers with it."""
+    ctx.store = ChatStore(paths.chats_db)
+    fresh = ChatView(ctx)
+    qtbot.addWidget(fresh)
+    sampling = fresh.settings.sampling()
+    assert (sampling["temperature"], sampling["top_p"]) == (0.2, 0.9)
+    assert sampling["repetition_penalty"] == 1.1
+    fresh.settings.repetition_penalty.setValue(1.3)
+    fresh.settings.max_tokens.setValue(8)
+    answer(qtbot, fresh, lambda: fresh.send("hi"))
+    saved = fresh.store.conversation(fresh.current_conversation_id())
+    assert saved.sampling["repetition_penalty"] == 1.3
+    fresh.stop()
+
+
 def test_sampling_and_system_prompt_are_saved_per_conversation(qtbot, view):
     answer(qtbot, view, lambda: view.send("hi"))
     conv_id = view.current_conversation_id()
