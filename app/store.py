@@ -23,7 +23,7 @@ from typing import Any
 
 STATES = ("done", "streaming", "stopped", "failed")
 ROLES = ("system", "user", "assistant")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     updated REAL NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
     sampling TEXT NOT NULL DEFAULT '{}',
-    session_id TEXT NOT NULL
+    session_id TEXT NOT NULL,
+    context_from INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -63,6 +64,7 @@ class Conversation:
     system_prompt: str
     sampling: dict[str, Any]
     session_id: str
+    context_from: int = 0  # messages before this position are kept but not sent
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class Message:
     updated: float
 
 
-_CONV_COLS = "id, title, created, updated, system_prompt, sampling, session_id"
+_CONV_COLS = ("id, title, created, updated, system_prompt, sampling, session_id, "
+              "context_from")
 _MSG_COLS = ("id, conversation_id, position, role, content, state, tokens, prompt_tokens, "
              "note, created, updated")
 
@@ -91,7 +94,7 @@ def _conversation(row: tuple[Any, ...]) -> Conversation:
     except ValueError:
         sampling = {}
     return Conversation(row[0], row[1], row[2], row[3], row[4],
-                        sampling if isinstance(sampling, dict) else {}, row[6])
+                        sampling if isinstance(sampling, dict) else {}, row[6], int(row[7]))
 
 
 def _message(row: tuple[Any, ...]) -> Message:
@@ -112,6 +115,10 @@ class ChatStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(conversations)")}
+            if "context_from" not in columns:  # a version-1 file: every message was sent
+                self._db.execute("ALTER TABLE conversations ADD COLUMN context_from "
+                                 "INTEGER NOT NULL DEFAULT 0")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -158,6 +165,18 @@ class ChatStore:
         if sampling is not None:
             self._db.execute("UPDATE conversations SET sampling = ? WHERE id = ?",
                              (json.dumps(sampling), conv_id))
+
+    def set_context_from(self, conv_id: int, position: int) -> None:
+        """Send the model only the messages from ``position`` on; the earlier ones stay in
+        the conversation (shown and exported as not sent)."""
+        self._db.execute("UPDATE conversations SET context_from = ? WHERE id = ?",
+                         (max(0, int(position)), conv_id))
+
+    def sent_messages(self, conv_id: int) -> list[Message]:
+        """The messages the model is sent (from the conversation's ``context_from``)."""
+        conv = self.conversation(conv_id)
+        start = conv.context_from if conv is not None else 0
+        return [m for m in self.messages(conv_id) if m.position >= start]
 
     def delete_conversation(self, conv_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
@@ -247,7 +266,8 @@ class ChatStore:
         conv = self.conversation(conv_id)
         if conv is None:
             raise KeyError(f"no conversation {conv_id}")
-        messages = [{k: v for k, v in asdict(m).items() if k != "conversation_id"}
+        messages = [{**{k: v for k, v in asdict(m).items() if k != "conversation_id"},
+                     "sent_to_model": m.position >= conv.context_from}
                     for m in self.messages(conv_id)]
         return {"format": "onnx-local-llm chat", "version": SCHEMA_VERSION,
                 **asdict(conv), "messages": messages}
@@ -262,6 +282,8 @@ class ChatStore:
         for m in self.messages(conv_id):
             heading = {"user": "You", "assistant": "Assistant"}.get(m.role, m.role.title())
             extra = f" ({m.note})" if m.note else ""
+            if m.position < conv.context_from:
+                extra += " (not sent to the model)"
             if m.role == "assistant" and m.tokens is not None:
                 extra += f" — {m.tokens} tokens"
             lines += [f"## {heading}{extra}", "", m.content, ""]

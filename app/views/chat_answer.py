@@ -57,6 +57,19 @@ def cut_point(sizes: list[int], users: list[int], history: int | None, limit: in
     return users[-1]
 
 
+def fits_without_older(sizes: list[int], users: list[int], history: int | None,
+                       limit: int | None, room: int) -> bool:
+    """Whether leaving the older messages out could help: there is an older exchange, and
+    the last one alone (estimated in proportion to its characters) leaves ``room`` tokens
+    for the answer."""
+    if len(users) < 2:
+        return False
+    if history is None or limit is None:
+        return True
+    total = sum(sizes) or 1
+    return history * sum(sizes[users[-1]:]) / total + room <= limit
+
+
 def context_length(ctx: AppContext) -> int | None:
     meta = (ctx.model or {}).get("meta") or {}
     value = meta.get("context_length")

@@ -150,10 +150,17 @@ class MessageWidget(QFrame):
         header.addWidget(who)
         header.addWidget(self.info, 1)
         header.addWidget(self.edit_button)
+        self.left_out = False
+        self.left_out_label = named(QLabel("Not sent to the model (left out to fit its "
+                                           "context; kept here and in exports)"),
+                                    "messageLeftOut")
+        self.left_out_label.setWordWrap(True)
+        self.left_out_label.hide()
         self.body = MessageBody(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.addLayout(header)
+        layout.addWidget(self.left_out_label)
         layout.addWidget(self.body)
         self.update_from(message, answering=False)
 
@@ -171,3 +178,9 @@ class MessageWidget(QFrame):
         self.message = message
         self.body.set_source(message.content)
         self.info.setText(describe(message, answering))
+
+    def set_left_out(self, left_out: bool) -> None:
+        """Mark the message as kept but not sent to the model (greyed, with a line)."""
+        self.left_out = left_out
+        self.left_out_label.setVisible(left_out)
+        self.body.setEnabled(not left_out)

@@ -152,7 +152,7 @@ class ContextBanner(QFrame):
         self.text = named(QLabel(""), "contextBannerText")
         self.text.setWordWrap(True)
         self.new_button = named(QPushButton("Start a new chat"), "bannerNewChat")
-        self.drop_button = named(QPushButton("Drop oldest messages"), "bannerDropOldest")
+        self.drop_button = named(QPushButton("Leave older messages out"), "bannerDropOldest")
         close = named(QPushButton("Dismiss"), "bannerDismiss")
         close.setFlat(True)
         buttons = QHBoxLayout()
@@ -175,11 +175,12 @@ class ContextBanner(QFrame):
                  f"{size}, the model's context is {limit}. Nothing was sent and nothing was "
                  "cut."]
         if can_drop:
-            lines.append("Start a new chat, or drop the oldest messages of this one and send "
-                         "again.")
+            lines.append("Start a new chat, or leave the oldest messages of this one out of "
+                         "what the model is sent and send again: they stay in this chat and "
+                         "its exports.")
         else:
-            lines.append("Your last message alone is too long: shorten it, or start a new "
-                         "chat with a shorter one.")
+            lines.append("Your last message alone leaves no room for an answer: edit it to "
+                         "shorten it, or start a new chat with a shorter one.")
         self.text.setText(" ".join(lines))
         self.drop_button.setVisible(can_drop)
         self.show()

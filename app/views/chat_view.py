@@ -4,7 +4,9 @@ Answers stream in (the last message only is re-rendered, at most every ~40 ms) a
 saved while they stream (app/store.py). Each conversation is a session on the worker
 (``X-Session-Id``): after an edit or a regenerate only the changed part is computed again.
 A conversation that no longer fits the model's context is never cut silently: a banner
-gives the numbers and offers a new chat or dropping the oldest messages.
+gives the numbers and offers a new chat or leaving the oldest messages out of what is sent.
+Nothing a user wrote is deleted for that: the messages left out stay in the database, the
+transcript (marked "not sent to the model") and the export.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from PySide6.QtWidgets import (
 from app.context import AppContext
 from app.store import ChatStore, Conversation, Message
 from app.views import chat_parts
-from app.views.chat_answer import AnswerEnd, AnswerRun, context_length, cut_point
+from app.views.chat_answer import (
+    AnswerEnd,
+    AnswerRun,
+    context_length,
+    cut_point,
+    fits_without_older,
+)
 from app.views.chat_list import ConversationList
 from app.views.chat_message import MessageWidget
 from app.views.chat_parts import (
@@ -243,24 +251,39 @@ class ChatView(QWidget):
             self.open_conversation(message.conversation_id)
         self.store.update_message(message_id, content=text.strip())
         self.store.truncate_after(message.conversation_id, message.position)
+        conv = self.store.conversation(message.conversation_id)
+        if conv is not None and conv.context_from > message.position:
+            self.store.set_context_from(conv.id, message.position)  # the edit is sent
+            self._refresh_conversation()
         self._cancel_edit()
         self._render_all()
         return self._answer()
 
     def drop_oldest(self) -> bool:
-        """Drop the oldest messages (whole exchanges, enough to fit) and send again."""
+        """Leave the oldest messages (whole exchanges, enough to fit) out of what is sent
+        and send again. They stay in the conversation, marked as not sent."""
         if self._conv is None or self.answering:
             return False
-        messages = self.store.messages(self._conv.id)
+        messages = self.store.sent_messages(self._conv.id)
         users = [i for i, m in enumerate(messages) if m.role == "user"]
-        if len(users) < 2:
+        if not self._can_leave_out(messages):
             return False
-        room = max(64, min(self.settings.max_tokens.value(), (context_length(self.ctx) or 0) // 4))
         cut = cut_point([len(m.content) for m in messages], users, self._overflow,
-                        context_length(self.ctx), room)
-        self._remove_messages([m.id for m in messages[:cut]])
+                        context_length(self.ctx), self._answer_room())
+        self.store.set_context_from(self._conv.id, messages[cut].position)
+        self._refresh_conversation()
+        self._render_all()
         self.banner.hide()
         return self._answer() if messages[-1].role == "user" else True
+
+    def _answer_room(self) -> int:
+        return max(64, min(self.settings.max_tokens.value(),
+                           (context_length(self.ctx) or 0) // 4))
+
+    def _can_leave_out(self, messages: list[Message]) -> bool:
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        return fits_without_older([len(m.content) for m in messages], users, self._overflow,
+                                  context_length(self.ctx), self._answer_room())
 
     def export(self, kind: str) -> Path | None:
         """Save the conversation as Markdown or JSON where the user chooses."""
@@ -281,7 +304,7 @@ class ChatView(QWidget):
         conv = self._conv
         assert conv is not None
         history = [{"role": m.role, "content": m.content}
-                   for m in self.store.messages(conv.id)
+                   for m in self.store.sent_messages(conv.id)
                    if m.role in ("user", "assistant") and m.content]
         system = self.settings.system_prompt.toPlainText().strip()
         payload = ([{"role": "system", "content": system}] if system else []) + history
@@ -316,8 +339,9 @@ class ChatView(QWidget):
                 end.conversation_id == self.current_conversation_id():
             self._remove_messages([end.message_id])
             self._overflow = end.prompt_tokens()
-            users = [m for m in self.store.messages(end.conversation_id) if m.role == "user"]
-            self.banner.show_overflow(self._overflow, context_length(self.ctx), len(users) > 1)
+            sent = self.store.sent_messages(end.conversation_id)
+            self.banner.show_overflow(self._overflow, context_length(self.ctx),
+                                      self._can_leave_out(sent))
         elif message is not None and (widget := self.transcript.widget_of(message.id)):
             widget.update_from(message, answering=False)
         self._update_buttons()
@@ -331,6 +355,9 @@ class ChatView(QWidget):
         if self._conv is not None:
             for message in self.store.messages(self._conv.id):
                 self._add_widget(message)
+                widget = self.transcript.widget_of(message.id)
+                if widget is not None:
+                    widget.set_left_out(message.position < self._conv.context_from)
         self._update_buttons()
 
     def _add_widget(self, message: Message) -> None:

@@ -8,6 +8,7 @@ import json
 import pytest
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QPushButton
 
 from app.store import ChatStore, Message
 from app.views import chat_list, chat_view
@@ -150,20 +151,70 @@ def test_a_history_too_long_for_the_context_shows_a_notice_and_cuts_nothing(qtbo
     assert view.input.toPlainText() == long_text
 
 
-def test_drop_oldest_messages_is_an_explicit_action_that_makes_room(qtbot, view):
+def test_leaving_older_messages_out_makes_room_and_deletes_nothing(qtbot, view, tmp_path,
+                                                                   monkeypatch):
     first = answer(qtbot, view, lambda: view.send(" ".join(f"p{i}" for i in range(150))))
     assert first.state == "done"
     # ~490 + ~690 tokens: each fits alone, both together do not
     failed = answer(qtbot, view, lambda: view.send(" ".join(f"q{i}" for i in range(200))))
     assert failed.state == "failed" and view.banner.isVisible()
     assert view.banner.drop_button.isVisible()
-    assert len(view.store.messages(view.current_conversation_id())) == 3  # nothing dropped
+    conv = view.current_conversation_id()
+    before = [(m.role, m.content) for m in view.store.messages(conv)]
+    assert len(before) == 3  # nothing dropped
     final = answer(qtbot, view, lambda: qtbot.mouseClick(view.banner.drop_button,
                                                          Qt.MouseButton.LeftButton))
-    assert final.state == "done"
-    assert [m.role for m in view.store.messages(view.current_conversation_id())] == [
-        "user", "assistant"]
+    assert final.state == "done" and final.content
+    after = [(m.role, m.content) for m in view.store.messages(conv)]
+    assert after == before + [("assistant", final.content)]  # every earlier row is kept
     assert not view.banner.isVisible()
+    widgets = view.message_widgets()
+    assert [w.left_out for w in widgets] == [True, True, False, False]
+    assert widgets[0].left_out_label.isVisible() and not widgets[2].left_out_label.isVisible()
+    # the export keeps them too, saying they were not sent
+    targets = iter([tmp_path / "chat.md", tmp_path / "chat.json"])
+    monkeypatch.setattr(chat_view, "ask_save_path", lambda parent, suggested: next(targets))
+    for kind in ("markdown", "json"):
+        with qtbot.waitSignal(view.exported, timeout=10_000):
+            view.export(kind)
+    markdown = (tmp_path / "chat.md").read_text(encoding="utf-8")
+    assert "p149" in markdown and markdown.count("(not sent to the model)") == 2
+    data = json.loads((tmp_path / "chat.json").read_text(encoding="utf-8"))
+    assert [m["sent_to_model"] for m in data["messages"]] == [False, False, True, True]
+    # a new view (as after a restart) still marks them
+    reopened = ChatView(view.ctx)
+    qtbot.addWidget(reopened)
+    reopened.open_conversation(conv)
+    assert [w.left_out for w in reopened.message_widgets()] == [True, True, False, False]
+
+
+def test_context_banner_buttons_never_delete_what_the_user_wrote(qtbot, view):
+    """Regression: "Drop oldest messages" deleted six earlier messages, then said the last
+    message alone was too long. Every button of the banner, rows counted before and after."""
+    for n in range(3):
+        done = answer(qtbot, view, lambda n=n: view.send(f"short message {n}"))
+        assert done.state == "done"
+    conv = view.current_conversation_id()
+    long_text = " ".join(f"word{i}" for i in range(800))  # alone more than the context
+    failed = answer(qtbot, view, lambda: view.send(long_text))
+    assert failed.state == "failed" and view.banner.isVisible()
+    rows = [(m.role, m.content) for m in view.store.messages(conv)]
+    assert len(rows) == 7 and rows[-1] == ("user", long_text)
+    # leaving older messages out cannot help (the last alone does not fit): not offered
+    assert not view.banner.drop_button.isVisible()
+    assert "last message alone" in view.banner.text.text()
+    assert view.drop_oldest() is False  # nor does the action run when called directly
+    assert [(m.role, m.content) for m in view.store.messages(conv)] == rows
+    buttons = [b for b in view.banner.findChildren(QPushButton) if b.isVisible()]
+    assert {b.objectName() for b in buttons} == {"bannerNewChat", "bannerDismiss"}
+    for name in ("bannerDismiss", "bannerNewChat"):
+        view.open_conversation(conv)
+        view.banner.show_overflow(1500, 1024, False)
+        button = view.banner.findChild(QPushButton, name)
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+        assert [(m.role, m.content) for m in view.store.messages(conv)] == rows, name
+    assert view.current_conversation_id() != conv  # New chat opened another one
+    assert view.input.toPlainText() == long_text
 
 
 def test_history_is_kept_and_an_interrupted_answer_says_so(qtbot, ctx, paths, view):
@@ -213,8 +264,10 @@ def test_a_new_conversation_samples_as_the_built_in_model_likes(qtbot, ctx, path
     fresh.settings.repetition_penalty.setValue(1.3)
     fresh.settings.max_tokens.setValue(8)
     answer(qtbot, fresh, lambda: fresh.send("hi"))
-    saved = fresh.store.conversation(fresh.current_conversation_id())
-    assert saved.sampling["repetition_penalty"] == 1.3
+    conv_id = fresh.current_conversation_id()
+    assert conv_id is not None
+    saved = fresh.store.conversation(conv_id)
+    assert saved is not None and saved.sampling["repetition_penalty"] == 1.3
     fresh.stop()
 
 
