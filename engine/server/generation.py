@@ -1,12 +1,14 @@
 """One generation as the server runs it, on the engine thread.
 
 Wraps ``Engine.stream`` with what the dialects add on top of the engine's own stop rules:
-llama.cpp's time budgets (``t_max_prompt_ms``, ``t_max_predict_ms``), minimum
-indentation (``n_indent``) and, for a prefix-only infill (a model without FIM tokens),
-the completion rules of ``engine.fim_trim`` (text they may still trim is held back).
-Each yields :class:`Chunk` items (one per engine event) and a last :class:`Final`. A
-limit or a completion rule stops the engine through the job's cancel flag, so it acts
-within one token (the prompt budget between prefill chunks).
+llama.cpp's prediction budget (``t_max_predict_ms``: once it has run out, the answer
+stops at the next token that holds a line break, as llama.cpp does, so a line is never
+cut midway), minimum indentation (``n_indent``) and, for a prefix-only infill (a model
+without FIM tokens), the completion rules of ``engine.fim_trim`` (text they may still
+trim is held back). llama.cpp does not enforce ``t_max_prompt_ms``, and neither does this:
+a slow cold prefill still gives a suggestion. Each yields :class:`Chunk` items (one per
+engine event) and a last :class:`Final`. A limit or a completion rule stops the engine
+through the job's cancel flag, so it acts within one token.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from engine.sampling import TokenLogprob
 from engine.scheduler import Priority, Scheduler
 from engine.stopping import CANCELLED
 
-LimitKind = Literal["t_max_prompt_ms", "t_max_predict_ms", "n_indent"]
+LimitKind = Literal["t_max_predict_ms", "n_indent"]
 #: Budgets longer than a day are no budget (and would overflow a timer).
 _MAX_BUDGET_MS = 86_400_000.0
 StopKind = Literal["eos", "stop", "max_tokens", "length", "limit", "cancelled"]
@@ -34,8 +36,7 @@ StopKind = Literal["eos", "stop", "max_tokens", "length", "limit", "cancelled"]
 class Limits:
     """Budgets beyond the engine's options; ``None``/0 = no limit."""
 
-    prompt_ms: float | None = None
-    #: Measured from the first generated token.
+    #: Measured from the first generated token; acts at the next line break after it.
     predict_ms: float | None = None
     #: Stop at a line (after the first) indented by fewer than this many spaces/tabs.
     n_indent: int = 0
@@ -119,36 +120,6 @@ class IndentGate:
         return "" if self.stopped else held
 
 
-class _PromptTimer:
-    """Sets ``cancel`` when no token arrived ``prompt_ms`` after the start."""
-
-    def __init__(self, prompt_ms: float | None, cancel: threading.Event) -> None:
-        self.fired = False
-        self._lock = threading.Lock()
-        self._first = False
-        self._cancel = cancel
-        self._timer = None
-        if prompt_ms is not None and 0 < prompt_ms < _MAX_BUDGET_MS:
-            self._timer = threading.Timer(prompt_ms / 1e3, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if not self._first:
-                self.fired = True
-                self._cancel.set()
-
-    def first_token(self) -> None:
-        with self._lock:
-            self._first = True
-        self.stop()
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-
 def _empty_result(engine: Engine, request: GenerateRequest, started: float) -> GenerateResult:
     """The result of a request cancelled before its first prefill chunk ran."""
     try:
@@ -169,47 +140,36 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
     several of these consumed in turn run, and batch, together). With ``session_id`` the
     request holds only the new tokens of that engine session's turn."""
     started = time.perf_counter()
-    timer = _PromptTimer(limits.prompt_ms, cancel)
     gate = IndentGate(limits.n_indent) if limits.n_indent > 0 else None
     trimmer = trimmer_for(request)
     pieces: list[str] = []
     first_at: float | None = None
     limit: LimitKind | None = None
     result: GenerateResult | None = None
-    try:
-        stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel,
-                                             session_id=session_id)
-        if trimmer is not None:  # the job's flag: a finished answer stops the engine
-            stream = trim_events(stream, trimmer, cancel)
-        with closing(stream) as events:
-            for event in events:
-                if event.result is not None:
-                    result = event.result
-                    break
-                if event.token_id is not None and first_at is None:
-                    first_at = event.timestamp
-                    timer.first_token()
-                    if (limits.prompt_ms and limit is None
-                            and (first_at - started) * 1e3 > limits.prompt_ms):
-                        limit = "t_max_prompt_ms"  # the timer thread did not get to run first
-                        cancel.set()
-                text = event.text
-                if gate is not None:
-                    text = gate.feed(text)
-                    if gate.stopped and limit is None:
-                        limit = "n_indent"
-                        cancel.set()
-                pieces.append(text)
-                yield Chunk(text, event.token_id, event.logprob, event.timestamp)
-                if (limits.predict_ms and limits.predict_ms < _MAX_BUDGET_MS
-                        and first_at is not None and limit is None
-                        and event.timestamp - first_at > limits.predict_ms / 1e3):
-                    limit = "t_max_predict_ms"
+    stream = Scheduler.of(engine).stream(request, priority=priority, cancel=cancel,
+                                         session_id=session_id)
+    if trimmer is not None:  # the job's flag: a finished answer stops the engine
+        stream = trim_events(stream, trimmer, cancel)
+    with closing(stream) as events:
+        for event in events:
+            if event.result is not None:
+                result = event.result
+                break
+            if event.token_id is not None and first_at is None:
+                first_at = event.timestamp
+            text = "" if limit == "t_max_predict_ms" else event.text  # the line is done
+            if gate is not None:
+                text = gate.feed(text)
+                if gate.stopped and limit is None:
+                    limit = "n_indent"
                     cancel.set()
-    finally:
-        timer.stop()
-    if limit is None and timer.fired:
-        limit = "t_max_prompt_ms"
+            pieces.append(text)
+            yield Chunk(text, event.token_id, event.logprob, event.timestamp)
+            if (limits.predict_ms and limits.predict_ms < _MAX_BUDGET_MS
+                    and first_at is not None and limit is None and "\n" in event.text
+                    and event.timestamp - first_at > limits.predict_ms / 1e3):
+                limit = "t_max_predict_ms"
+                cancel.set()
     if gate is not None:
         tail = gate.flush()
         if tail:

@@ -4,9 +4,14 @@ Answers are compact JSON (llama.vim matches ``"content"\\s*:"``). ``response_fie
 picks fields by path and returns them under the path itself (``"timings/prompt_n"``).
 ``n_predict: 0`` (llama.vim's cache warm-up) answers at once; when the engine is idle it
 then runs that prompt in the background so its KV lands in the prefix cache.
-``t_max_prompt_ms`` and ``t_max_predict_ms`` are hard budgets: the answer stops at the
-token (or prefill chunk) that exceeds them, with ``stop_type: "limit"`` and ``limit``
-naming the budget.
+``t_max_predict_ms`` is llama.cpp's: once it has run out (measured from the first token)
+the answer stops at the next token holding a line break, with ``stop_type: "limit"`` and
+``limit: "t_max_predict_ms"``; ``t_max_prompt_ms`` is echoed and not enforced (llama.cpp
+does not either, and llama.vim's 500 ms default would empty every cold suggestion).
+``tokens_evaluated`` is the prompt's length, ``tokens_cached`` the part of it whose KV
+was reused, ``timings.prompt_n`` the rest (the tokens actually processed) and
+``timings.cache_n`` the reused part again. Field-by-field differences from llama.cpp's
+``tools/server/README.md``: docs/llamacpp-fields.md.
 ``id_slot`` and ``cache_prompt`` are accepted and change nothing: the scheduler already
 gives a request the runner whose cache shares most of its prompt, and prompt KV is always
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
@@ -92,10 +97,11 @@ def _settings(options: GenerateOptions, model: LoadedModel, body: LlamaSampling
 
 def _timings(final: Final) -> dict[str, float]:
     result = final.result
-    prompt_n, predicted_n = result.prompt_tokens, final.completion_tokens
+    cache_n = min(result.prefix_cache_hit_len, result.prompt_tokens)
+    prompt_n, predicted_n = result.prompt_tokens - cache_n, final.completion_tokens
     prompt_ms = result.timings.ttft_ms if predicted_n else result.timings.total_ms
     predicted_ms = max(result.timings.total_ms - prompt_ms, 0.0)
-    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / (prompt_ms / 1e3) if prompt_ms > 0 else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
@@ -117,7 +123,8 @@ def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
                             "n_ctx" if final.stop == "length" else None)
     fim = {"fim_layout": fim_layout(model.engine.fim_family, model.engine.tokenizer),
            "fim_stop": final.rule} if infill else {}
-    return {"index": index, "content": final.text, "tokens": [], "id_slot": 0, "stop": True,
+    tokens = list(final.result.token_ids) if body.return_tokens else []
+    return {"index": index, "content": final.text, "tokens": tokens, "id_slot": 0, "stop": True,
             "model": model.id, "tokens_predicted": final.completion_tokens,
             "tokens_evaluated": final.result.prompt_tokens,
             "generation_settings": _settings(options, model, body),
@@ -125,12 +132,13 @@ def completion_body(final: Final, model: LoadedModel, options: GenerateOptions,
             "tokens_dropped": dropped, "stop_type": stop_type,
             "stopped_eos": stop_type == "eos", "stopped_word": stop_type == "word",
             "stopped_limit": stop_type == "limit", "stopping_word": word, "limit": limit,
-            "tokens_cached": final.result.prefix_cache_hit_len, "timings": _timings(final),
+            "tokens_cached": min(final.result.prefix_cache_hit_len, final.result.prompt_tokens),
+            "timings": _timings(final),
             **fim}
 
 
 def _warm_body(model: LoadedModel) -> dict[str, Any]:
-    zero = {"prompt_n": 0, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
+    zero = {"cache_n": 0, "prompt_n": 0, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
             "prompt_per_second": 0.0, "predicted_n": 0, "predicted_ms": 0.0,
             "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
     return {"index": 0, "content": "", "tokens": [], "id_slot": 0, "stop": True,
@@ -158,8 +166,7 @@ def _limits(body: LlamaSampling) -> Limits:
     def positive(value: float | None) -> float | None:
         return value if value is not None and value > 0 else None
 
-    return Limits(prompt_ms=positive(body.t_max_prompt_ms),
-                  predict_ms=positive(body.t_max_predict_ms), n_indent=max(body.n_indent, 0))
+    return Limits(predict_ms=positive(body.t_max_predict_ms), n_indent=max(body.n_indent, 0))
 
 
 async def _run(ctx: ServerContext, request: Request, model: LoadedModel, body: LlamaSampling,

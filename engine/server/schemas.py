@@ -123,6 +123,7 @@ class LlamaSampling(_Body):
     logit_bias: dict[str, float] | list[list[Any]] | None = None
     n_probs: int = 0
     stream: bool = False
+    return_tokens: bool = False
     cache_prompt: bool = True
     id_slot: int = -1
     t_max_prompt_ms: float | None = None

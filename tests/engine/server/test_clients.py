@@ -63,12 +63,23 @@ def _llama_vim_infill(server: LiveServer, capture: dict[str, Any]) -> None:
     for field in capture["body"]["response_fields"]:
         assert field in answer, field
     assert isinstance(answer["content"], str) and answer["timings/prompt_n"] > 0
+    again = _send(server, capture).json()  # llama.vim's next keystroke: same context
+    # llama.cpp's meaning: prompt_n counts the tokens processed, the rest came from cache
+    assert again["tokens_cached"] > answer["tokens_cached"]
+    assert again["timings/prompt_n"] < answer["timings/prompt_n"]
+    assert again["timings/prompt_n"] + again["tokens_cached"] == \
+        answer["timings/prompt_n"] + answer["tokens_cached"]
 
 
 def _llama_vim_warmup(server: LiveServer, capture: dict[str, Any]) -> None:
+    server.wait_idle()
     response = _send(server, capture)
     assert response.status_code == 200
-    assert response.text.lstrip().startswith("{")
+    assert response.json() == {}  # response_fields [""]: nothing, at once
+    server.wait_idle()  # the worker evaluated the prompt into the cache meanwhile
+    body = {**capture["body"], "n_predict": 2, "response_fields": ["tokens_cached"]}
+    warm = _send(server, {**capture, "body": body}).json()
+    assert warm["tokens_cached"] > 10  # the extra chunk's KV was ready
 
 
 def _llama_vscode_infill(server: LiveServer, capture: dict[str, Any]) -> None:
