@@ -32,12 +32,19 @@ def _shared_object(folder: Path, name: str, soname: str | None = None,
     return folder / name
 
 
+#: Stand-ins for libxcb-icccm.so.4 and libxcb-keysyms.so.1 (which this machine may have):
+#: names no system has, known to the list as those two packages' libraries.
+STAND_INS = {"libstand-in-icccm.so.4": "libxcb-icccm4", "libstand-in-keysyms.so.1":
+             "libxcb-keysyms1"}
+
+
 @pytest.fixture
-def plugin_missing_libraries(tmp_path: Path) -> Path:
-    """A stand-in for Qt's xcb plugin that links libxcb-icccm.so.4, libxcb-keysyms.so.1
-    and a library no package is known for, none of which the loader finds (as on a fresh
-    Debian 12)."""
-    needs = ("libxcb-icccm.so.4", "libxcb-keysyms.so.1", "libnot-a-package.so.3")
+def plugin_missing_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for Qt's xcb plugin that links two libraries of known packages and one no
+    package is known for, none of which the loader finds (as on a fresh Debian 12)."""
+    for soname, package in STAND_INS.items():
+        monkeypatch.setitem(qt_libraries.LIBRARIES, soname, package)
+    needs = (*STAND_INS, "libnot-a-package.so.3")
     for lib in needs:
         _shared_object(tmp_path, lib, soname=lib)
     plugin = _shared_object(tmp_path, "libqxcb.so", needs=needs)
@@ -48,7 +55,7 @@ def plugin_missing_libraries(tmp_path: Path) -> Path:
 
 def test_missing_libraries_are_found_and_named_with_their_packages(plugin_missing_libraries):
     missing = qt_libraries.missing_libraries(plugin_missing_libraries)
-    assert missing == ["libxcb-icccm.so.4", "libxcb-keysyms.so.1", "libnot-a-package.so.3"]
+    assert missing == [*STAND_INS, "libnot-a-package.so.3"]
     assert qt_libraries.packages_for(missing) == (["libxcb-icccm4", "libxcb-keysyms1"],
                                                   ["libnot-a-package.so.3"])
 
@@ -65,8 +72,8 @@ def test_the_app_names_the_missing_libraries_and_the_command_instead_of_opening(
     monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
     assert main(["--no-welcome"]) == 1
     err = capsys.readouterr().err
-    assert "needs system libraries that are not installed: libxcb-icccm.so.4, " \
-        "libxcb-keysyms.so.1, libnot-a-package.so.3" in err
+    assert "needs system libraries that are not installed: libstand-in-icccm.so.4, " \
+        "libstand-in-keysyms.so.1, libnot-a-package.so.3" in err
     assert "apt-get install -y --no-install-recommends libxcb-icccm4 libxcb-keysyms1\n" in err
     assert "the packages that provide libnot-a-package.so.3" in err
     assert "libxcb-cursor0" not in err  # Qt's own message blames that one, whatever is missing

@@ -17,14 +17,8 @@ from tests.engine.server.live import (
     write_model,
 )
 
-
-@pytest.fixture(scope="session", autouse=True)
-def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Servers keep prompt KV in the user cache dir: point it at a temp dir."""
-    root = tmp_path_factory.mktemp("xdg-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(root))
-        yield root
+# Servers keep prompt KV in the user cache dir: tests/conftest.py's session_home points it
+# (with HOME and the other XDG folders) at the session's own folder.
 
 
 @pytest.fixture(scope="session")

@@ -80,7 +80,7 @@ def test_errors_at_start_come_before_the_ready_line(tmp_path: Path, slow_model_d
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and out == ""
     assert "error:" in err and "fix:" in err and "Traceback" not in err
-    assert ("vram_limit" in err) == (problem == "bad limit")
+    assert ("--vram-limit" in err) == (problem == "bad limit")  # the flag, as typed
     assert (tmp_path / "config" / "onnx-local-llm" / "admin-token").is_file()
 
 
