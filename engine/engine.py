@@ -259,7 +259,10 @@ class Engine:
             ids = self.tokenizer.encode_chat(request.messages, add_generation_prompt=True)
         else:
             assert request.prompt is not None
-            ids = self.tokenizer.encode(request.prompt, parse_special=True)
+            # a raw prompt starts as the model's tokenizer starts one (Hugging Face,
+            # onnxruntime-genai, llama.cpp): BOS first when it adds one by default
+            ids = self.tokenizer.encode(request.prompt, parse_special=True,
+                                        add_bos=self.tokenizer.adds_bos_by_default)
         if not ids:
             raise InvalidPromptError("the prompt is empty",
                                      hint="give at least one token of prompt text")
