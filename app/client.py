@@ -24,6 +24,8 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
+from app.memory_words import gui_words
+
 _STATUS = QNetworkRequest.Attribute.HttpStatusCodeAttribute
 
 
@@ -60,10 +62,11 @@ def failure_from(status: int, raw: bytes, network_error: str = "") -> ApiFailure
         message, hint = str(err.get("message") or f"HTTP {status}"), err.get("hint")
         if hint is None and message.endswith(")") and " (fix: " in message:
             message, _, hint = message[:-1].rpartition(" (fix: ")  # the worker's own form
+        message, hint = gui_words(message), hint and gui_words(str(hint))
         return ApiFailure(status, message, hint=hint,
                           code=err.get("code") and str(err.get("code")), body=body)
     if isinstance(err, str):
-        return ApiFailure(status, err, body=body)
+        return ApiFailure(status, gui_words(err), body=body)
     text = raw.decode("utf-8", "replace").strip()[:300]
     return ApiFailure(status, text or f"HTTP {status}", body=body if isinstance(body, dict)
                       else {})

@@ -153,8 +153,8 @@ class ResourcesFeed(QObject):
         stream.deleteLater()
         if failure is not None and failure.status in (401, 403, 404, 405):
             self._set_state("unsupported")
-            self.problem.emit("This server does not report its resources "
-                              f"({failure.message}).")
+            self.problem.emit("Not reported by this server: it has no resources feed "
+                              f"(it answered HTTP {failure.status}).")
             return
         delay = RETRY_S[min(self._attempt, len(RETRY_S) - 1)]
         self._attempt += 1
@@ -162,7 +162,8 @@ class ResourcesFeed(QObject):
         self._retry.start()
         self._set_state("retrying")
         why = failure.message if failure is not None else "the stream ended"
-        self.problem.emit(f"Lost the worker's figures ({why}); trying again in {delay:g} s.")
+        self.problem.emit(f"Lost the worker's figures: {why.rstrip('.')}. Trying again in "
+                          f"{delay:g} s.")
 
     def _drop_stream(self) -> None:
         stream, self._stream = self._stream, None

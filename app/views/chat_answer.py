@@ -11,6 +11,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.client import ApiFailure, ChatOutcome, ChatStream, single_shot
 from app.context import AppContext
+from app.memory_words import gui_words, refusal_words
 from app.store import ChatStore, StreamWriter
 
 TICK_MS = 40  # screen updates while streaming: at most this often
@@ -161,8 +162,10 @@ class AnswerRun(QObject):
             note = WORKER_STOPPED if self.text else WORKER_STOPPED + " before answering"
         elif failure.code == OVERFLOW:
             note = "not sent: the conversation does not fit the model's context"
+        elif failure.code == "resource_limit":
+            note = refusal_words(failure.message)
         else:
-            note = f"failed: {failure.text()}"
+            note = f"failed: {gui_words(failure.text())}"
         self._end("failed", note, failure=failure)
 
     def _end(self, state: str, note: str, *, failure: ApiFailure | None = None,

@@ -178,6 +178,9 @@ class MessageWidget(QFrame):
         self.message = message
         self.body.set_source(message.content)
         self.info.setText(describe(message, answering))
+        failed = message.state == "failed" and bool(message.note)
+        self.info.setEnabled(failed)  # a failure is read in full colour, the rest quieter
+        self.info.setStyleSheet("color: #b3261e; font-weight: bold;" if failed else "")
 
     def set_left_out(self, left_out: bool) -> None:
         """Mark the message as kept but not sent to the model (greyed, with a line)."""

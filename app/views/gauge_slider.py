@@ -1,7 +1,9 @@
 """The memory-limit slider of one tier (RAM, or VRAM when there is a GPU).
 
-Its range is measured: from what the model's weights and overhead need (at least
-``FLOOR_BYTES``) to the tier's physical size, in MiB steps. Moving it sends ``PUT
+Its range is measured: from what the loaded model needs to answer one request (weights,
+runtime and a minimal KV budget: app/memory_words.py, said under the slider) to the tier's
+physical size, in MiB steps. Moving it below what is held says, before it is applied,
+what will be freed. Moving it sends ``PUT
 /v1/limits`` (admin) on release, or ~300 ms after the last move while dragging or typing;
 the answer (the engine's ``LimitOutcome``) is written under it in words, errors too, and
 the limit is saved in the settings (``limits/host_ram``, ``limits/vram``) so the next worker
@@ -18,6 +20,7 @@ from PySide6.QtWidgets import QSlider, QVBoxLayout, QWidget
 
 from app.client import ApiFailure, JsonReply, single_shot
 from app.context import AppContext
+from app.memory_words import Floor, gui_words
 from app.views.gauge_bar import MIB, human, label, plural
 
 TIER_WORDS = {"host_ram": "RAM", "vram": "VRAM", "disk": "disk"}
@@ -86,11 +89,16 @@ class LimitSlider(QWidget):
         self.slider.setEnabled(False)
         self.slider.setToolTip(f"The most {TIER_WORDS[tier]} this app may use; lowering it "
                                "frees cached KV at once")
+        self.floor_label = label("", f"limitFloor_{tier}")
+        self.floor_label.setWordWrap(True)
+        self.floor: Floor | None = None
+        self.held = 0  # what this app holds on the tier now
+        self.held_kv = 0
         self.outcome = label("", f"limitOutcome_{tier}")
         self.outcome.setWordWrap(True)
         self.label.setWordWrap(True)
         self.outcome.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        for widget in (self.label, self.slider, self.outcome):
+        for widget in (self.label, self.slider, self.floor_label, self.outcome):
             layout.addWidget(widget)
         self._syncing = False
         self._reply: JsonReply | None = None
@@ -108,8 +116,13 @@ class LimitSlider(QWidget):
         return self.slider.isSliderDown() or self._debounce.isActive() or \
             self._reply is not None
 
-    def update_from(self, snap: dict[str, Any], floor_bytes: int) -> None:
-        """The tier's snapshot (``TierSnapshot``) and what the weights need."""
+    def update_from(self, snap: dict[str, Any], floor: Floor | int) -> None:
+        """The tier's snapshot (``TierSnapshot``) and what one request needs."""
+        if isinstance(floor, int):
+            floor = Floor(floor, 0, 0, 0)
+        floor_bytes = floor.total
+        self.held = int(snap.get("used") or 0)
+        self.held_kv = int(snap.get("kv_bytes") or 0)
         capacity, limit = snap.get("capacity"), snap.get("limit")
         if not isinstance(capacity, int) or capacity <= 0:
             self.slider.setEnabled(False)
@@ -131,7 +144,22 @@ class LimitSlider(QWidget):
         finally:
             self._syncing = False
         self.slider.setEnabled(True)
+        self.floor = floor
         self._show_label(limit if isinstance(limit, int) else None)
+        self._show_floor()
+
+    def _show_floor(self) -> None:
+        floor = self.floor
+        if floor is None:
+            return
+        parts = [f"weights {human(floor.weights)}",
+                 f"runtime and kept chats {human(floor.runtime)}"]
+        if floor.kv:
+            parts.append(f"{human(floor.kv)} for a {floor.kv_tokens:,}-token request")
+        if floor.working:
+            parts.append(f"{human(floor.working)} working memory")
+        self.floor_label.setText(f"Lowest: {human(self.slider.minimum() * MIB)}, what this "
+                                 f"model needs to answer one request ({', '.join(parts)}).")
 
     def _show_label(self, limit: int | None) -> None:
         shown = human(limit) if limit is not None else human(self.slider.value() * MIB)
@@ -145,7 +173,24 @@ class LimitSlider(QWidget):
         if self._syncing:
             return
         self._show_label(value * MIB)
+        self.outcome.setText(self.preview(value * MIB))
         self._debounce.start()
+
+    def preview(self, nbytes: int) -> str:
+        """What setting the limit to ``nbytes`` will do, said before it is applied."""
+        words = TIER_WORDS[self.tier]
+        over = self.held - nbytes
+        if over <= 0:
+            return f"{words} limit {human(nbytes)}: above what this app holds now " \
+                f"({human(self.held)}); nothing will be freed."
+        freed = min(over, self.held_kv)
+        text = (f"{words} limit {human(nbytes)}: below the {human(self.held)} this app holds; "
+                f"about {human(freed)} of cached chat memory (KV) will be freed, recomputed "
+                "when a chat needs it again.")
+        if over > self.held_kv:
+            text += (" Answers in progress keep their memory until they end; new ones may "
+                     "be refused until it is raised.")
+        return text
 
     def send(self) -> None:
         """``PUT /v1/limits`` with the slider's value (once the one in flight is back)."""
@@ -165,7 +210,7 @@ class LimitSlider(QWidget):
         self._reply = None
         nbytes = (self._sent or 0) * MIB
         body = body if isinstance(body, dict) else {}
-        self.outcome.setText(describe_outcome(body))
+        self.outcome.setText(gui_words(describe_outcome(body)))
         self.ctx.settings.set_value(f"limits/{self.tier}", str(nbytes))
         self.applied.emit(body)
         self._again()
@@ -175,7 +220,8 @@ class LimitSlider(QWidget):
         self._sent = None
         words = TIER_WORDS[self.tier]
         if failure.status == 409:
-            text = f"The worker cannot change the {words} limit while it runs: {failure.text()}"
+            text = (f"The worker cannot change the {words} limit while it runs: "
+                    f"{gui_words(failure.text())}")
         elif failure.unreachable:
             text = f"The {words} limit was not changed: {failure.message}."
         else:

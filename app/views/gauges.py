@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.context import AppContext
+from app.memory_words import capacity_words, gui_words, request_floor
 from app.resources_feed import ResourcesFeed
 from app.views.gauge_bar import Gauge, Segment, human, label
 from app.views.gauge_chart import LiveChart
@@ -29,11 +30,6 @@ def provider_words(card: dict[str, Any] | None) -> str:
     """Where the model runs, plainly: "CPU", "CUDA (NVIDIA GPU)", "DirectML (GPU)"."""
     provider = str(((card or {}).get("meta") or {}).get("provider") or "")
     return PROVIDER_WORDS.get(provider.lower(), provider or "unknown")
-
-
-def tier_floor(tier: dict[str, Any]) -> int:
-    """What the weights and overhead on a tier need: the lowest sensible limit."""
-    return int(tier.get("weights_bytes") or 0) + int(tier.get("overhead_bytes") or 0)
 
 
 def memory_segments(tier: dict[str, Any]) -> list[Segment]:
@@ -144,7 +140,7 @@ class GaugesPanel(QWidget):
                    f"\nother programs {human(tier.get('others_used'))} · "
                    f"{human(capacity)} in all")
         if tier.get("note"):
-            figures += f"\n{tier['note']}"
+            figures += f"\n{gui_words(str(tier['note']))}"
         details = [f"used by this app: {human(used)}", f"limit: {human(limit)} "
                    f"(configured: {tier.get('configured')})", f"headroom: {human(headroom)}",
                    f"free on the system: {human(tier.get('available'))}",
@@ -178,8 +174,10 @@ class GaugesPanel(QWidget):
         live = device if gov.get("kv_tier") == "vram" else int(b.get("kv_host_ram_bytes") or 0)
         headroom = max(0, room - live) if isinstance(room, int) else None
         tokens = budget.get("kv_tokens")
-        figures = f"{human(device + host + disk)} held / room for {human(room)}" + (
-            f" ({tokens:,} tokens)" if isinstance(tokens, int) else "")
+        figures = f"{human(device + host + disk)} held of {human(room)}"
+        words = capacity_words(tokens, self._context_length())
+        if words:
+            figures += f"\n{words}"
         pool, cache = kv.get("pool") or {}, kv.get("prefix_cache") or {}
         sessions = kv.get("sessions") or {}
         details = [f"pages: {pool.get('pages', 0)} of {pool.get('max_pages', '?')} "
@@ -208,8 +206,16 @@ class GaugesPanel(QWidget):
 
     def _update_sliders(self, gov: dict[str, Any]) -> None:
         ram, vram = gov.get("host_ram") or {}, gov.get("vram") or {}
-        self.ram_limit.update_from(ram, tier_floor(ram))
+        budget = gov.get("budget") or {}
+        context = self._context_length()
+        self.ram_limit.update_from(ram, request_floor(
+            ram, budget if gov.get("kv_tier") == "host_ram" else None, context))
         has_gpu = isinstance(vram.get("capacity"), int)
         self.vram_limit.setVisible(has_gpu)
         if has_gpu:
-            self.vram_limit.update_from(vram, tier_floor(vram))
+            self.vram_limit.update_from(vram, request_floor(
+                vram, budget if gov.get("kv_tier") == "vram" else None, context))
+
+    def _context_length(self) -> int | None:
+        value = ((self.ctx.model or {}).get("meta") or {}).get("context_length")
+        return value if isinstance(value, int) and value > 0 else None

@@ -107,7 +107,8 @@ class MainWindow(QMainWindow):
         self.gauges_dock.setMinimumWidth(300)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.gauges_dock)
         self.toggle_gauges.toggled.connect(self.gauges_dock.setVisible)
-        self.gauges_dock.visibilityChanged.connect(self.toggle_gauges.setChecked)
+        self.gauges_dock.visibilityChanged.connect(self._on_panel_visibility)
+        self._closing = False
         ctx.notice.connect(self.banner.show_message)
         ctx.ready.connect(self._on_ready)
         ctx.down.connect(self._on_down)
@@ -324,7 +325,15 @@ class MainWindow(QMainWindow):
         last = s.value("window/view", "chat")
         self.show_view(last if last in {v[0] for v in VIEWS} else "chat")
 
+    def _on_panel_visibility(self, visible: bool) -> None:
+        # the window hiding (closing, minimising) hides the panel too: not the user's choice
+        if self.isVisible() and not self._closing:
+            self.toggle_gauges.setChecked(visible)
+
     def save_state(self) -> None:
+        """Save the layout (once the window closed, what it was when it closed stays)."""
+        if self._closing and not self.isVisible():
+            return
         s = self.ctx.settings
         s.set_value("window/geometry", bytes(self.saveGeometry().toBase64().data()).decode())
         s.set_value("window/state", bytes(self.saveState().toBase64().data()).decode())
@@ -334,9 +343,13 @@ class MainWindow(QMainWindow):
                                         "chat"))
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        """Close at once; the worker stops in the background (it may take seconds to
+        finish what it is doing: the window does not wait for it)."""
         self.save_state()
-        self.ctx.shutdown()
+        self._closing = True
         super().closeEvent(event)
+        if event.isAccepted():
+            QTimer.singleShot(0, self.ctx.shutdown)
 
 
 def device_words(provider: Any) -> str:

@@ -27,6 +27,7 @@ from app.context import AppContext
 from app.views import named
 from engine.runtime import installed_ort_variants
 
+RESTARTING = "Restarting the worker with the new settings…"
 PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",
                    "cuda": "CUDA (NVIDIA GPU)", "dml": "DirectML (Windows GPU)"}
 
@@ -65,6 +66,7 @@ class SettingsView(QWidget):
         layout.addStretch(1)
         self.apply_button.clicked.connect(self.apply)
         self.restart_button.clicked.connect(self.restart)
+        ctx.ready.connect(self._on_restarted)
         self.load()
 
     def _worker_box(self) -> QGroupBox:
@@ -155,4 +157,8 @@ class SettingsView(QWidget):
             return
         model = self.ctx.worker.options.model if self.ctx.worker else None
         self.ctx.start_local(model)
-        self.result.setText("Restarting the worker with the new settings…")
+        self.result.setText(RESTARTING)
+
+    def _on_restarted(self) -> None:
+        if self.result.text() == RESTARTING:
+            self.result.setText("The worker is running with the new settings.")

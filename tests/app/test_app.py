@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog
 
 from app.context import AppContext
@@ -185,3 +186,47 @@ def test_first_run_welcome_says_where_the_model_runs_and_where_chats_live(qtbot,
     assert str(window.ctx.paths.chats_db) in text
     assert window.ctx.client.base_url in text
     assert window.ctx.settings.value("welcome/shown", False)
+
+
+def test_a_visible_resources_panel_is_visible_again_after_quit_and_relaunch(qtbot, paths):
+    """Regression: the panel was saved as hidden while visible (the window's closing hid
+    it, and the save at the app's exit saw that)."""
+    first = MainWindow(AppContext(paths))
+    qtbot.addWidget(first)
+    first.show()
+    assert first.toggle_gauges.isChecked()
+    qtbot.waitUntil(first.gauges_dock.isVisible)
+    first.close()
+    first.save_state()  # what the app does again on aboutToQuit (app/launch.py)
+    again = MainWindow(AppContext(paths))
+    qtbot.addWidget(again)
+    again.show()
+    assert again.toggle_gauges.isChecked()
+    qtbot.waitUntil(again.gauges_dock.isVisible)
+
+
+def test_quit_closes_the_window_at_once_and_stops_the_worker_after(qtbot, window,
+                                                                   models_root):
+    import psutil
+
+    start(qtbot, window, str(models_root / TINY))
+    worker = window.ctx.worker
+    assert worker is not None and worker.pid is not None
+    process = psutil.Process(worker.pid)
+    quit_action = next(a for a in window.findChildren(QAction) if a.text() == "Quit")
+    quit_action.trigger()
+    assert not window.isVisible()  # closed before the worker was even asked to stop
+    assert process.is_running() and worker.state == "ready"
+    qtbot.waitUntil(lambda: worker.state == "stopped", timeout=30_000)
+    assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
+def test_restarting_message_clears_once_the_worker_is_ready(qtbot, window, models_root):
+    start(qtbot, window, str(models_root / TINY))
+    settings_view = window.show_view("settings")
+    with qtbot.waitSignal(window.ctx.model_changed, timeout=30_000,
+                          check_params_cb=lambda card: card is not None):
+        settings_view.restart_button.click()
+        assert settings_view.result.text().startswith("Restarting the worker")
+    assert "Restarting" not in settings_view.result.text()
+    assert "running" in settings_view.result.text()

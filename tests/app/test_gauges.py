@@ -98,7 +98,7 @@ def test_panel_shows_the_workers_ram_figures_and_says_it_runs_on_the_cpu(qtbot, 
     assert "Runs on: CPU" in panel.provider.text()
     assert panel.vram.bar.message == "no GPU" and "CPU" in panel.vram.figures.text()
     assert not panel.vram_limit.isVisible()  # no GPU: no VRAM slider
-    assert "held / room for" in panel.kv.figures.text()
+    assert "held of" in panel.kv.figures.text()
 
 
 def test_chart_gets_points_over_time_and_the_last_answer_speed_shows(qtbot, ctx):
@@ -124,7 +124,7 @@ def test_chart_gets_points_over_time_and_the_last_answer_speed_shows(qtbot, ctx)
     assert f"{last['tokens_per_s']:.1f} tokens/s" in text and "first token after" in text
 
 
-def test_moving_the_ram_slider_sets_the_limit_frees_kv_and_is_saved(qtbot, paths, workers,
+def test_the_ram_slider_starts_at_what_one_request_needs_and_is_saved(qtbot, paths, workers,
                                                                     models_root, app_home):
     worker = Worker(models_root, app_home)
     workers.append(worker)
@@ -138,18 +138,30 @@ def test_moving_the_ram_slider_sets_the_limit_frees_kv_and_is_saved(qtbot, paths
     qtbot.waitUntil(lambda: ram.slider.isEnabled(), timeout=10_000)
     before = _get(worker.url, "/v1/resources")["governor"]["host_ram"]
     assert ram.slider.maximum() == before["capacity"] // MIB  # the machine's RAM
-    assert ram.slider.minimum() * MIB >= before["weights_bytes"]  # what the weights need
+    # the lower end: what the model needs to answer one request, more than the weights
+    assert ram.slider.minimum() * MIB > before["weights_bytes"]
+    assert ram.slider.minimum() * MIB >= before["used"]
     low = ram.slider.minimum()
+    floor_text = ram.floor_label.text()
+    assert floor_text.startswith(f"Lowest: {human(low * MIB)}, what this model needs to "
+                                 "answer one request") and "1,024-token request" in floor_text
 
     ram.slider.setValue(low)  # the debounced path: no release, ~300 ms later
+    # said before it is applied: what will be freed (nothing: the floor is above the use)
+    assert ram.outcome.text().startswith(f"RAM limit {human(low * MIB)}: ")
+    assert "nothing will be freed" in ram.outcome.text()
     qtbot.waitUntil(lambda: ram.outcome.text().startswith("RAM limit set"), timeout=10_000)
     text = ram.outcome.text()
     assert human(low * MIB) in text and "was auto" in text
-    assert re.search(r"freed \d.* (KiB|MiB): evicted \d+ cached pages", text), text
+    assert "--" not in text
     assert _get(worker.url, "/v1/resources")["governor"]["host_ram"]["limit"] == low * MIB
     assert ctx.settings.host_ram_limit == str(low * MIB)  # the next worker starts with it
     qtbot.waitUntil(lambda: human(low * MIB) + " limit" in panel.ram.figures.text(),
                     timeout=5_000)
+    with httpx.Client(base_url=worker.url, timeout=60) as http:  # and it still answers
+        answer = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi " * 300}], "max_tokens": 8})
+    assert answer.status_code == 200, answer.text
 
     high = ram.slider.maximum()  # back up, by dragging and releasing
     ram.slider.setSliderDown(True)
@@ -233,3 +245,59 @@ def test_the_chart_axis_grows_with_the_history_up_to_its_window(qtbot):
         assert (chart.x_axis.min(), chart.x_axis.max()) == (low, 0), seconds
         shown = [p.x() for p in chart.ram.points()]
         assert shown[0] >= max(low, -seconds) and shown[-1] == 0  # older points dropped
+
+
+def test_kv_capacity_is_capped_by_the_models_context_in_words(qtbot, ctx):
+    panel = _panel(qtbot, ctx)
+    qtbot.waitUntil(lambda: panel.last is not None and "governor" in panel.last,
+                    timeout=10_000)
+    text = panel.kv.figures.text()
+    assert "room for a conversation at the model's full context (1,024 tokens)" in text
+    assert panel.last is not None
+    tokens = panel.last["governor"]["budget"]["kv_tokens"]
+    assert f"{tokens:,} tokens" not in text  # never the pool's millions of tokens
+
+
+def test_an_answer_refused_for_memory_says_which_control_to_move(qtbot, paths, workers,
+                                                                 models_root, app_home):
+    from app.store import ChatStore
+    from app.views.chat_view import ChatView
+
+    worker = Worker(models_root, app_home)
+    workers.append(worker)
+    with httpx.Client(base_url=worker.url, timeout=30) as http:  # as a saved low limit
+        assert http.put("/v1/limits", json={"host_ram": str(64 * MIB)},
+                        headers={"Authorization": f"Bearer {worker.token}"}).status_code == 200
+    ctx = _own_ctx(qtbot, paths, worker)
+    ctx.store = ChatStore(paths.chats_db)
+    view = ChatView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    with qtbot.waitSignal(view.answer_finished, timeout=60_000) as done:
+        view.send("hello")
+    message = done.args[0]
+    assert message.state == "failed"
+    widget = view.message_widgets()[-1]
+    shown = widget.info.text()
+    assert shown.startswith("Not answered: the RAM limit is too low for this request. Move "
+                            "the Resources panel's RAM limit slider")
+    assert re.search(r"up to at least [\d.]+ ?MiB", shown), shown
+    assert "--" not in shown and widget.info.isEnabled()  # not the faint grey of small print
+    ctx.store.close()
+
+
+def test_a_lost_feed_is_said_in_one_sentence_without_doubled_brackets(qtbot, paths):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = AppContext(paths)
+    ctx.client.configure(f"http://127.0.0.1:{port}", None)
+    feed = ResourcesFeed(ctx, interval_s=0.2)
+    with qtbot.waitSignal(feed.problem, timeout=10_000) as said:
+        pass
+    text = said.args[0]
+    assert text.startswith("Lost the worker's figures: the worker did not answer")
+    assert "))" not in text and ");" not in text and "Trying again in" in text
+    feed.stop()
