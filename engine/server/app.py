@@ -1,8 +1,9 @@
 """The worker's FastAPI app: routes of every dialect, middleware, lifespan.
 
-Middleware, outermost first: request metrics -> body size limit -> guard (origin, host,
-API key, admin token) -> CORS (only with --cors-origin) -> routes. The engine thread starts
-with the app and stops after the server has finished (or cancelled) in-flight requests.
+Middleware, outermost first: request metrics -> body size limit -> JSON body label
+(engine/server/bodies.py) -> guard (origin, host, API key, admin token) -> CORS (only with
+--cors-origin) -> routes. The engine thread starts with the app and stops after the
+server has finished (or cancelled) in-flight requests.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.server import admin, llamacpp, ollama, openai, resources
+from engine.server.bodies import JsonBodyMiddleware
 from engine.server.config import ServerConfig
 from engine.server.errors import CompactJSONResponse, install_handlers
 from engine.server.metrics import Metrics
@@ -115,6 +117,7 @@ def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAP
                            allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(GuardMiddleware, api_key=config.api_key, admin_token=config.admin_token,
                        cors_origins=config.cors_origins, loopback_only=config.loopback)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=ctx.metrics)
 

@@ -1,5 +1,10 @@
 """Ollama dialect (Continue's recommended local autocomplete): /api/tags, /api/show,
-/api/generate, /api/chat.
+/api/ps, /api/generate, /api/chat.
+
+Bodies are read as JSON whatever their ``Content-Type`` (Ollama's curl examples send
+``-d`` without one, which curl labels form data). ``keep_alive`` is Ollama's
+(``engine.server.keep_alive``: 0 unloads after the answer, the next request loads the
+model again); ``/api/ps`` lists the loaded model and when it expires.
 
 ``/api/show``'s ``template`` contains ``.Suffix`` (Continue enables autocomplete on
 that) and ``fim_layout`` names the layout (``psm``, ``spm``, ``codestral``, or
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -30,6 +36,7 @@ from engine.engine import Engine, GenerateRequest
 from engine.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final
+from engine.server.keep_alive import FOREVER_S, keep_alive_of, parse_keep_alive
 from engine.server.models import LoadedModel
 from engine.server.options import OLLAMA_RENAMES, ollama_options
 from engine.server.schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
@@ -81,6 +88,24 @@ async def tags(ctx: Ctx) -> dict[str, Any]:
     return {"models": [{"name": model.id, "model": model.id,
                         "modified_at": _iso(model.loaded_at), "size": size, "digest": digest,
                         "details": _details(model)}]}
+
+
+@router.get("/api/ps")
+async def ps(ctx: Ctx) -> dict[str, Any]:
+    """The loaded model, as Ollama lists running ones."""
+    model = ctx.models.current
+    if model is None:
+        return {"models": []}
+    expires = keep_alive_of(ctx.models).expires_at
+    size = model.engine.model.weights_bytes
+    on_device = model.engine.provider != "cpu"
+    digest = hashlib.sha256(f"{model.path}|{size}".encode()).hexdigest()
+    return {"models": [{"name": model.id, "model": model.id, "size": size, "digest": digest,
+                        "details": _details(model),
+                        "expires_at": _iso(expires if expires is not None
+                                           else time.time() + FOREVER_S),
+                        "size_vram": size if on_device else 0,
+                        "context_length": model.engine.context_length}]}
 
 
 def fim_template(engine: Engine) -> str:
@@ -148,40 +173,61 @@ def _refuse(images: Any) -> None:
 
 
 async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen: GenerateRequest,
-                  stream: bool, shape: Callable[[str], dict[str, Any]], priority: str = "normal"
-                  ) -> Response | dict[str, Any]:
-    handle = ctx.submit(model, gen, priority="high" if priority == "high" else "normal")
-    first = await first_item(handle, request, OLLAMA_RENAMES)
-    if stream:
-        return JobStreamingResponse(_lines(first, handle, model, shape), [handle],
-                                    "application/x-ndjson")
-    _, final = await collect(handle, request, first, OLLAMA_RENAMES)
+                  stream: bool, shape: Callable[[str], dict[str, Any]], keep: float | None,
+                  priority: str = "normal") -> Response | dict[str, Any]:
+    alive = keep_alive_of(ctx.models)
+    alive.begin()
+    try:
+        handle = ctx.submit(model, gen, priority="high" if priority == "high" else "normal")
+        first = await first_item(handle, request, OLLAMA_RENAMES)
+        if stream:
+            return JobStreamingResponse(_lines(first, handle, model, shape, keep, ctx),
+                                        [handle], "application/x-ndjson")
+        _, final = await collect(handle, request, first, OLLAMA_RENAMES)
+    except BaseException:
+        await alive.end(None)
+        raise
+    await alive.end(keep)
     return {"model": model.id, "created_at": _now(), **shape(final.text), "done": True,
             **_stats(final)}
 
 
 async def _lines(first: Item, handle: Any, model: LoadedModel,
-                 shape: Callable[[str], dict[str, Any]]) -> AsyncIterator[bytes]:
+                 shape: Callable[[str], dict[str, Any]], keep: float | None,
+                 ctx: ServerContext) -> AsyncIterator[bytes]:
+    ended: float | None = None
     try:
         async for item in items_after(first, handle):
             if isinstance(item, Final):
                 yield ndjson({"model": model.id, "created_at": _now(), **shape(""),
                               "done": True, **_stats(item)})
+                ended = keep
                 return
             if item.text:
                 yield ndjson({"model": model.id, "created_at": _now(), **shape(item.text),
                               "done": False})
     except ApiError as exc:
         yield ndjson(error_body(exc, "ollama"))
+    finally:
+        await keep_alive_of(ctx.models).end(ended)
 
 
 @router.post("/api/generate", response_model=None)
 async def generate(body: OllamaGenerateRequest, request: Request,
                    ctx: Ctx) -> Response | dict[str, Any]:
-    model = ctx.models.require(body.model)
+    keep = parse_keep_alive(body.keep_alive)
+    alive = keep_alive_of(ctx.models)
+    if not body.prompt and not body.suffix and keep == 0:  # Ollama's "unload the model"
+        model = ctx.models.require(body.model)
+        await alive.unload()
+        return {"model": model.id, "created_at": _now(), "response": "", "done": True,
+                "done_reason": "unload"}
+    model = await alive.model_for(body.model)
     _refuse(body.images)
     engine = model.engine
     if not body.prompt and not body.suffix:  # Ollama's "load the model" request
+        alive.begin()
+        await alive.end(keep)
         return {"model": model.id, "created_at": _now(), "response": "", "done": True,
                 "done_reason": "load"}
     options = ollama_options(body.options, model, body.format)
@@ -196,14 +242,28 @@ async def generate(body: OllamaGenerateRequest, request: Request,
         messages.append(ChatMessage("user", body.prompt))
         gen = GenerateRequest(messages=tuple(messages), options=options)
     return await _answer(ctx, request, model, gen, body.stream,
-                         lambda text: {"response": text},
+                         lambda text: {"response": text}, keep,
                          priority="high" if body.suffix else "normal")
 
 
 @router.post("/api/chat", response_model=None)
 async def chat(body: OllamaChatRequest, request: Request,
                ctx: Ctx) -> Response | dict[str, Any]:
-    model = ctx.models.require(body.model)
+    keep = parse_keep_alive(body.keep_alive)
+    alive = keep_alive_of(ctx.models)
+    if not body.messages and keep == 0:  # Ollama's "unload the model"
+        model = ctx.models.require(body.model)
+        await alive.unload()
+        return {"model": model.id, "created_at": _now(),
+                "message": {"role": "assistant", "content": ""}, "done": True,
+                "done_reason": "unload"}
+    model = await alive.model_for(body.model)
+    if not body.messages:  # Ollama's "load the model" request
+        alive.begin()
+        await alive.end(keep)
+        return {"model": model.id, "created_at": _now(),
+                "message": {"role": "assistant", "content": ""}, "done": True,
+                "done_reason": "load"}
     _refuse(any(m.images for m in body.messages))
     if body.tools:
         raise ApiError(501, "tools are not supported by this worker yet", code="not_supported")
@@ -211,4 +271,4 @@ async def chat(body: OllamaChatRequest, request: Request,
     gen = GenerateRequest(messages=messages,
                           options=ollama_options(body.options, model, body.format))
     return await _answer(ctx, request, model, gen, body.stream,
-                         lambda text: {"message": {"role": "assistant", "content": text}})
+                         lambda text: {"message": {"role": "assistant", "content": text}}, keep)

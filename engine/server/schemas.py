@@ -206,7 +206,8 @@ class OllamaChatMessage(_Body):
 
 class OllamaChatRequest(_Body):
     model: str = ""
-    messages: Annotated[list[OllamaChatMessage], Field(min_length=1)]
+    #: Empty: load (or with ``keep_alive: 0`` unload) the model, as Ollama does.
+    messages: list[OllamaChatMessage] = Field(default_factory=list)
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict[str, Any] | None = None
