@@ -49,6 +49,7 @@ def test_bodies_without_a_json_content_type_are_read_as_json(server: LiveServer,
 def test_the_curl_example_streams_ndjson(server: LiveServer):
     body = json.dumps({"model": MODEL_NAME, "prompt": "Why is the sky blue?",
                        "options": {"num_predict": 6}})
+    assert CURL is not None
     out = subprocess.run([CURL, "-sS", f"{server.url}/api/generate", "-d", body],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
