@@ -25,6 +25,7 @@ from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
 from app.memory_words import gui_words
+from app.sse import SseEvent, SseParser
 
 _STATUS = QNetworkRequest.Attribute.HttpStatusCodeAttribute
 
@@ -141,41 +142,41 @@ class SseStream(_ReplyBase):
         super().__init__(reply, parent)
         self._buffer = b""
         self._error_body = b""
+        self._parser = SseParser()
+        self.events = 0  # events read (a stream that ends with none sent nothing readable)
         reply.readyRead.connect(self._on_ready_read)
 
     def _on_ready_read(self) -> None:
-        if self._aborted:
+        if self._aborted or self._done:
             return
         chunk = bytes(self._reply.readAll().data())
         status = self._status()
         if status >= 400:
             self._error_body += chunk
             return
-        self._buffer += chunk
-        while b"\n\n" in self._buffer:
-            block, self._buffer = self._buffer.split(b"\n\n", 1)
-            self._dispatch(block)
+        for event in self._parser.feed(chunk):
+            self._dispatch(event)
             if self._done:
                 return
 
-    def _dispatch(self, block: bytes) -> None:
-        data = b"\n".join(line[5:].lstrip() for line in block.split(b"\n")
-                          if line.startswith(b"data:"))
-        if not data:
-            return
-        if data.strip() == b"[DONE]":
+    def _dispatch(self, event: SseEvent) -> None:
+        self.events += 1
+        data = event.data
+        if data.strip() == "[DONE]":
             self._done = True
             self.finished.emit()
             return
         try:
-            payload = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return  # a line we cannot read is skipped, not fatal
-        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            payload = json.loads(data)
+        except ValueError:
+            payload = None
+        if event.event == "error" or (isinstance(payload, dict)
+                                      and isinstance(payload.get("error"), (dict, str))):
             self._done = True
-            self.failed.emit(failure_from(500, data))
+            self.failed.emit(failure_from(500, data.encode("utf-8")))
             return
-        self.message.emit(payload)
+        if payload is not None:  # a line we cannot read is skipped, not fatal
+            self.message.emit(payload)
 
     def _on_finished(self) -> None:
         self._reply.deleteLater()
@@ -250,6 +251,7 @@ class ChatStream(QObject):
         self._parts: list[str] = []
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
+        self._events = 0
         stream.message.connect(self._on_event)
         stream.finished.connect(self._on_finished)
         stream.failed.connect(self._on_failed)
@@ -264,6 +266,7 @@ class ChatStream(QObject):
     def _on_event(self, payload: Any) -> None:
         if not isinstance(payload, dict):
             return
+        self._events += 1
         if isinstance(payload.get("usage"), dict):
             self._usage = payload["usage"]
         for choice in payload.get("choices") or ():
@@ -275,6 +278,11 @@ class ChatStream(QObject):
                 self._finish = choice["finish_reason"]
 
     def _on_finished(self) -> None:
+        if not self._events:
+            self.failed.emit(ApiFailure(200, "the server ended the answer without sending "
+                                        "any of it (no event could be read from its stream)",
+                                        code="bad_response", body={"partial": ""}))
+            return
         self.finished.emit(ChatOutcome(self.text, self._finish, self._usage))
 
     def _on_failed(self, failure: ApiFailure) -> None:

@@ -28,6 +28,7 @@ class AppContext(QObject):
     model_changed = Signal(object)
     notice = Signal(str, str)
     busy = Signal(str)  # a long task's label ("Loading model…"); "" when done
+    remote_probed = Signal(object)  # app.remote.RemoteCaps: what a remote server has
 
     def __init__(self, paths: AppPaths, settings: AppSettings | None = None,
                  parent: QObject | None = None) -> None:
@@ -38,6 +39,8 @@ class AppContext(QObject):
         self.worker: WorkerProcess | None = None
         self.model: dict[str, Any] | None = None
         self.remote = False
+        self.remote_caps: Any = None  # app.remote.RemoteCaps once probed
+        self._probe: Any = None
         self.store: Any = None  # app.store.ChatStore, set by the app's builder
 
     # --- worker lifecycle -----------------------------------------------------------------
@@ -58,6 +61,7 @@ class AppContext(QObject):
     def start_local(self, model: str | None) -> WorkerProcess:
         """Start (or restart) the local worker with ``model`` loaded."""
         self.remote = False
+        self.remote_caps = None
         if self.worker is None:
             self.worker = WorkerProcess(self)
             self.worker.ready.connect(self._on_ready)
@@ -69,10 +73,19 @@ class AppContext(QObject):
         """Talk to a remote OpenAI-compatible server instead of a local worker."""
         if self.worker is not None:
             self.worker.stop()
+        from app.remote import RemoteProbe
+
         self.remote = True
+        self.remote_caps = None
         self.client.configure(url, api_key)
         self.ready.emit()
         self.refresh_model()
+        self._probe = RemoteProbe(self.client, self)
+        self._probe.done.connect(self._on_probed)
+
+    def _on_probed(self, caps: Any) -> None:
+        self.remote_caps = caps
+        self.remote_probed.emit(caps)
 
     def shutdown(self) -> None:
         if self.worker is not None:

@@ -82,6 +82,7 @@ class ResourcesFeed(QObject):
         self._retry.timeout.connect(self.subscribe)
         ctx.ready.connect(self._on_ready)
         ctx.down.connect(self._on_down)
+        ctx.remote_probed.connect(self._on_probed)
         if ctx.client.is_configured:
             self.subscribe()
 
@@ -97,6 +98,9 @@ class ResourcesFeed(QObject):
         self._drop_stream()
         if not self.ctx.client.is_configured:
             self._set_state("idle")
+            return
+        if not self._subscribable():
+            self._set_state("unsupported")
             return
         path = f"/v1/resources/stream?interval_s={self.interval_s:g}"
         stream = self.ctx.client.stream("GET", path)
@@ -120,6 +124,17 @@ class ResourcesFeed(QObject):
     def _on_ready(self) -> None:
         self._attempt = 0
         self.subscribe()
+
+    def _on_probed(self, caps: Any) -> None:
+        if not getattr(caps, "has_resources", True):
+            self._retry.stop()
+            self._drop_stream()
+            self._set_state("unsupported")
+            self.problem.emit("Not reported by this server: it has no resources feed.")
+
+    def _subscribable(self) -> bool:
+        caps = self.ctx.remote_caps
+        return not (self.ctx.remote and caps is not None and not caps.has_resources)
 
     def _on_down(self, _why: str) -> None:
         self._retry.stop()

@@ -112,7 +112,8 @@ class AnswerRun(QObject):
         if self.finished:
             return
         self.stream = self.ctx.client.chat(self.messages, self.options,
-                                           session_id=self.session_id)
+                                           session_id=self.session_id,
+                                           model=str((self.ctx.model or {}).get("id") or ""))
         self.stream.delta.connect(self._on_delta)
         self.stream.finished.connect(self._on_finished)
         self.stream.failed.connect(self._on_failed)

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.client import ApiFailure, JsonReply, single_shot
 from app.context import AppContext
+from app.remote import fim_answer, fim_request, refused
 from app.views.code_editor import CodeEditor
 
 DEFAULT_DEBOUNCE_MS = 250
@@ -119,6 +120,7 @@ class CodeView(QWidget):
         self._edits = 0
         self._asked: tuple[int, int, int] | None = None  # (request id, edits, cursor)
         self._line_rest = ""  # the text after the cursor on its line, when asked mid-line
+        self._suffix = ""  # the suffix of the request in flight
         #: Counters a test (or a curious user) can read.
         self.requests_sent = 0
         self.requests_aborted = 0
@@ -176,10 +178,16 @@ class CodeView(QWidget):
         self._line_rest = rest if rest.strip() else ""
         if self._line_rest:
             body["stop"] = ["\n"]  # mid-line: a one-line suggestion, and it comes sooner
+        path = "/infill"
+        caps = self.ctx.remote_caps if self.ctx.remote else None
+        if caps is not None:  # a remote server: the best path it has (app/remote.py)
+            path, body = fim_request(caps, fim.prefix, fim.prompt, fim.suffix, self.n_predict,
+                                     bool(self._line_rest))
+        self._suffix = fim.suffix
         self.requests_sent += 1
         request_id = self.requests_sent
         self._asked = (request_id, self._edits, self.editor.textCursor().position())
-        reply = self.ctx.client.call("POST", "/infill", body, timeout_ms=30_000)
+        reply = self.ctx.client.call("POST", path, body, timeout_ms=30_000)
         reply.finished.connect(lambda answer: self._on_answer(reply, request_id, answer))
         reply.failed.connect(lambda failure: self._on_failed(reply, failure))
         self._reply = reply
@@ -201,8 +209,12 @@ class CodeView(QWidget):
             self.answers_dropped += 1
             return
         self._reply = None
-        item = answer[0] if isinstance(answer, list) and answer else answer
-        item = item if isinstance(item, dict) else {}
+        caps = self.ctx.remote_caps if self.ctx.remote else None
+        if caps is not None:
+            item = fim_answer(caps, answer, self._suffix)
+        else:
+            item = answer[0] if isinstance(answer, list) and answer else answer
+            item = item if isinstance(item, dict) else {}
         text = trim_repetition(str(item.get("content") or "").rstrip())
         if self._line_rest and item.get("fim_layout") != "prefix-only":
             # the worker trims prefix-only answers itself (engine.fim_trim), brackets aware
@@ -226,6 +238,10 @@ class CodeView(QWidget):
         if reply is not self._reply:
             return
         self._reply = None
+        caps = self.ctx.remote_caps if self.ctx.remote else None
+        if caps is not None and refused(failure) and caps.drop_path():
+            self.request_now()  # this server has no such path: the next best one
+            return
         self._set_status(describe(failure))
 
     # --- plumbing -----------------------------------------------------------------------

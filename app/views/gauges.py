@@ -103,6 +103,12 @@ class GaugesPanel(QWidget):
         if state in ("down", "retrying", "unsupported"):  # the next snapshot enables them
             self.ram_limit.slider.setEnabled(False)
             self.vram_limit.slider.setEnabled(False)
+        if state == "unsupported":
+            for gauge in (self.vram, self.ram, self.kv):
+                gauge.show_message("not reported", "Not reported by this server.")
+            for slider in (self.ram_limit, self.vram_limit):
+                slider.label.setText(f"{slider.label.text().split(':')[0]}: not reported "
+                                     "by this server")
 
     def _on_problem(self, text: str) -> None:
         self.state.setText(text)

@@ -67,6 +67,7 @@ class SettingsView(QWidget):
         self.apply_button.clicked.connect(self.apply)
         self.restart_button.clicked.connect(self.restart)
         ctx.ready.connect(self._on_restarted)
+        ctx.remote_probed.connect(lambda caps: self.result.setText(caps.words()))
         self.load()
 
     def _worker_box(self) -> QGroupBox:
