@@ -1,7 +1,7 @@
 """A text-generation engine on ONNX Runtime. Public API only."""
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.config import EngineConfig, GenerateOptions, JsonConstraintSpec
+from engine.config import ConstraintSpec, EngineConfig, GenerateOptions, JsonConstraintSpec
 from engine.engine import Engine
 from engine.errors import (
     CancelledError,
@@ -25,6 +25,7 @@ __all__ = [
     "CancelledError",
     "ChatMessage",
     "ConstraintError",
+    "ConstraintSpec",
     "ContextOverflowError",
     "CustomSampler",
     "Engine",

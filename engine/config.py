@@ -40,36 +40,54 @@ def _check_float(
         )
 
 
-ConstraintKind = Literal["json_object", "json_schema"]
+ConstraintKind = Literal["json_object", "json_schema", "grammar", "regex"]
+_KINDS = ("json_object", "json_schema", "grammar", "regex")
 
 
 @dataclass(frozen=True)
-class JsonConstraintSpec:
-    """What the output must be: any JSON value (``json_object``; an object only when
-    ``object_only``) or a value matching ``schema`` (``json_schema``, a JSON-schema subset:
-    see ``engine.json_schema``). The schema is copied; a bad one fails here, naming the
-    keyword."""
+class ConstraintSpec:
+    """What the output must be, compiled by llguidance (``engine.guidance``):
+
+    - ``json_object``: any JSON value (an object only when ``object_only``);
+    - ``json_schema``: a value matching ``schema`` (JSON Schema as llguidance supports it:
+      ``$ref``/``$defs``, ``oneOf``/``anyOf``/``allOf``, ``pattern``, numeric bounds,
+      lengths, ``format``, ``enum``/``const``...);
+    - ``grammar``: ``text`` is a GBNF (llama.cpp) or Lark grammar;
+    - ``regex``: ``text`` is a regular expression the whole output matches.
+
+    JSON is compact (no whitespace between tokens) unless the schema's ``x-guidance``
+    says otherwise. The schema is copied; one llguidance refuses fails here with its
+    reason."""
 
     kind: ConstraintKind = "json_object"
     schema: Mapping[str, Any] | None = None
     object_only: bool = False
+    text: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("json_object", "json_schema"):
-            raise InvalidOptionError("constraint", f"kind must be 'json_object' or "
-                                     f"'json_schema', got {self.kind!r}",
+        if self.kind not in _KINDS:
+            raise InvalidOptionError("constraint", f"kind must be one of {', '.join(_KINDS)}, "
+                                     f"got {self.kind!r}",
                                      hint="use json_object for any JSON value")
-        if self.kind == "json_object" and self.schema is not None:
+        if self.kind != "json_schema" and self.schema is not None:
             raise InvalidOptionError("constraint", "a schema needs kind='json_schema'",
                                      hint="pass kind='json_schema' with the schema")
+        if self.object_only and self.kind != "json_object":
+            raise InvalidOptionError("constraint", "object_only applies to json_object",
+                                     hint='say "type": "object" in the schema instead')
+        if self.kind in ("grammar", "regex"):
+            if not isinstance(self.text, str) or not self.text.strip():
+                raise InvalidOptionError(
+                    "constraint", f"kind={self.kind!r} needs its text, got {self.text!r}",
+                    hint='e.g. ConstraintSpec("grammar", text=\'root ::= "yes" | "no"\')')
+        elif self.text is not None:
+            raise InvalidOptionError("constraint", f"text applies to grammar and regex, not "
+                                     f"{self.kind}", hint="pass a schema instead")
         if self.kind == "json_schema":
             if not isinstance(self.schema, Mapping):
                 raise InvalidOptionError(
                     "constraint", f"json_schema needs a schema object, got {self.schema!r}",
                     hint='e.g. {"type": "object", "properties": {...}}')
-            if self.object_only:
-                raise InvalidOptionError("constraint", "object_only applies to json_object",
-                                         hint='say "type": "object" in the schema instead')
             try:  # a private copy: later changes to the caller's dict change nothing
                 copied = json.loads(json.dumps(self.schema, allow_nan=False))
             except (TypeError, ValueError) as exc:
@@ -77,9 +95,13 @@ class JsonConstraintSpec:
                                          hint="use dicts, lists, strings, numbers, "
                                          "booleans and null only") from exc
             object.__setattr__(self, "schema", copied)
-        from engine.json_schema import compile_spec
+        from engine.guidance import grammar_of
 
-        compile_spec(self)  # validates (and caches the compiled form)
+        grammar_of(self)  # compiles (once, cached) and validates
+
+
+#: The former name (JSON only); the same class.
+JsonConstraintSpec = ConstraintSpec
 
 
 @dataclass(frozen=True)
@@ -109,8 +131,9 @@ class GenerateOptions:
     min_new_tokens: int = 0
     #: None = no logprobs; 0 = the chosen token's logprob only; k = plus the top k.
     top_logprobs: int | None = None
-    #: Only tokens that keep the output a valid JSON prefix; see ``engine.constraint``.
-    constraint: JsonConstraintSpec | None = None
+    #: Only tokens that keep the output a prefix of the grammar's language (JSON, a
+    #: schema, GBNF, a regex); see ``engine.guidance``.
+    constraint: ConstraintSpec | None = None
     #: A prompt that does not fit the context is refused unless this is set: then its
     #: oldest tokens are dropped (leaving room for max_new_tokens) and the result says how
     #: many.
@@ -180,10 +203,10 @@ class GenerateOptions:
             if self.top_logprobs > 20:
                 raise InvalidOptionError("top_logprobs", f"at most 20, got {self.top_logprobs}",
                                          hint="ask for 20 or fewer alternatives")
-        if self.constraint is not None and not isinstance(self.constraint, JsonConstraintSpec):
-            raise InvalidOptionError("constraint", f"expected a JsonConstraintSpec, got "
+        if self.constraint is not None and not isinstance(self.constraint, ConstraintSpec):
+            raise InvalidOptionError("constraint", f"expected a ConstraintSpec, got "
                                      f"{type(self.constraint).__name__}",
-                                     hint="e.g. JsonConstraintSpec('json_object')")
+                                     hint="e.g. ConstraintSpec('json_object')")
 
     @property
     def is_greedy(self) -> bool:

@@ -58,5 +58,5 @@ class SamplerError(EngineError):
 
 
 class ConstraintError(EngineError):
-    """A JSON constraint was not met: the generation stopped before a complete JSON value,
-    or a token that breaks the value was forced past the constraint's mask."""
+    """A constraint was not met: a token the grammar does not allow (or EOS before a
+    complete answer) was forced past the constraint's mask, e.g. by a custom sampler."""

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import GenerateOptions
-from engine.constraint import TokenConstraint
 from engine.decode import DecodeRunner
 from engine.errors import InvalidOptionError
+from engine.guidance import TokenConstraint
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.mtp import MtpHead, MtpProposer
 from engine.sampling import Sampler, TokenLogprob, make_sampler, token_logprob
@@ -64,8 +64,9 @@ class TokenSequence:
     `prefill_chunk()` runs the rest of the prompt a chunk at a time and, after the last
     chunk, samples the first token; then each decode step feeds `pending` and hands the
     logits to `accept()`. The last token is never fed to the model, so a full context costs
-    no extra forward pass. A JSON `constraint` (built over the tokenizer's token texts by
-    the text layer) masks the logits and ends the sequence once its value closed.
+    no extra forward pass. A `constraint` (llguidance, built by the text layer) masks the
+    logits and ends the sequence once its grammar closed; such a sequence never
+    speculates (each token's mask needs the one before) but batches with others.
     """
 
     def __init__(self, runner: DecodeRunner, prompt_ids: Sequence[int],

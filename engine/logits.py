@@ -9,8 +9,9 @@ The chain runs in this order (each step only when its option is set):
 4. ``presence_penalty``    OpenAI: ``logit -= penalty`` for every token seen in generated
 5. ``stop_sequence``       mask EOS / single-token stops to -inf while fewer than
                            ``min_new_tokens`` tokens were generated
-   ``json_constraint``     with ``options.constraint``: -inf for every token that would not
-                           keep the output a valid JSON prefix (``engine.constraint``)
+   ``constraint``          with ``options.constraint``: -inf for every token the grammar
+                           (JSON, a schema, GBNF, a regex) does not allow next
+                           (``engine.guidance``)
 6. ``temperature``         divide by the temperature (never for greedy, nor for 1)
 7. ``top_k``               keep the k largest logits
 8. ``top_p``               keep the smallest most-probable set whose mass is >= p
@@ -45,7 +46,7 @@ from engine.config import GenerateOptions
 from engine.errors import EngineError, InvalidOptionError
 
 if TYPE_CHECKING:
-    from engine.constraint import TokenConstraint
+    from engine.guidance import TokenConstraint
 
 
 def nan_logits_error() -> EngineError:
@@ -421,8 +422,8 @@ def make_logits_processors(
 
     ``stop_token_ids`` are the ids masked while ``min_new_tokens`` is not reached: the
     EOS ids plus single-token stop sequences. ``constraint`` is required with
-    ``options.constraint``: it carries the tokenizer's token texts and follows the
-    request's tokens.
+    ``options.constraint``: it holds the request's grammar matcher and follows its
+    tokens.
     """
     chain: list[NamedProcessor] = []
 
@@ -440,11 +441,11 @@ def make_logits_processors(
     if options.min_new_tokens > 0 and stop_token_ids:
         add("stop_sequence", _make_stop_mask(stop_token_ids, options.min_new_tokens))
     if constraint is not None:
-        add("json_constraint", constraint.apply)
+        add("constraint", constraint.apply)
     elif options.constraint is not None:
         raise InvalidOptionError(
-            "constraint", "a JSON constraint needs the tokenizer's token texts",
-            hint="pass constraint=TokenConstraint(options.constraint, tokenizer.token_texts())")
+            "constraint", "a constraint needs its matcher over the model's tokenizer",
+            hint="pass constraint=TokenConstraint(options.constraint, tokenizer, vocab_size)")
     if not options.is_greedy and options.temperature != 1.0:
         add("temperature", _make_temperature(options.temperature))
     if options.top_k > 0:

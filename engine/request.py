@@ -11,9 +11,9 @@ import threading
 import time
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.constraint import TokenConstraint, check_constrained_finish
 from engine.decode import DecodeRunner
 from engine.generate import LoopClock, StepOutput, TokenSequence
+from engine.guidance import TokenConstraint
 from engine.mtp import MtpHead
 from engine.sampling import CustomSamplerCall, TokenLogprob
 from engine.stopping import JSON_COMPLETE, FinishReason, StopChecker
@@ -41,7 +41,7 @@ class RequestRun:
         single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
         self.clock = LoopClock(start=started)
         self._constraint = None if options.constraint is None else TokenConstraint(
-            options.constraint, tokenizer.token_texts(),
+            options.constraint, tokenizer, runner.spec.vocab_size,
             end_ids=eos if options.stop_on_eos else (),
             banned_ids=tokenizer.special_token_ids)
         self.sequence = TokenSequence(
@@ -88,8 +88,8 @@ class RequestRun:
 
     def _on_constrained_step(self, step: StepOutput,
                              constraint: TokenConstraint) -> GenerateEvent | None:
-        """`on_step` under a JSON constraint: stops wait for a complete value, no text is
-        held back or cut, and a closed value ends the generation."""
+        """`on_step` under a constraint: stops wait for a complete answer, no text is held
+        back or cut, and a closed grammar ends the generation."""
         text = self._detok.add(step.token_id)
         complete = constraint.complete
         full = "".join(self._pieces) + text if complete else text
@@ -128,13 +128,9 @@ class RequestRun:
         return events
 
     def closing_events(self) -> list[GenerateEvent]:
-        """The held-back text (if any) and the final event carrying the result.
-
-        Raises ConstraintError when a JSON-constrained value is incomplete at a limit.
-        """
+        """The held-back text (if any) and the final event carrying the result (a limit
+        mid-way through a constrained answer keeps the text so far, as OpenAI does)."""
         finish = self.finish or FinishReason("cancelled" if self.cancelled else "max_tokens")
-        if self._constraint is not None:
-            check_constrained_finish(finish, self._constraint.complete)
         events = []
         if finish.kind in _FLUSHED:
             if self._constraint is not None:

@@ -13,10 +13,10 @@ Contract with the engine, per generated token:
    never returned.
 3. At the end without a stop (max_tokens, length, cancel), emit ``flush()``.
 
-Under a JSON constraint the engine calls ``check_constrained`` instead (no text is held
-back): nothing stops the generation while the value is incomplete, and a text stop never
-cuts the value. ``json_complete`` ends a generation whose value closed (see
-``engine.constraint``).
+Under a constraint the engine calls ``check_constrained`` instead (no text is held
+back): nothing stops the generation while the answer is incomplete, and a text stop never
+cuts it. ``json_complete`` ends a generation whose grammar closed (see
+``engine.guidance``).
 
 EOS and token stop sequences are ignored while no more than ``min_new_tokens`` tokens
 were generated (the processor chain also masks EOS / single-token stops until then);

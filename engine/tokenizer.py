@@ -199,6 +199,10 @@ class Tokenizer:
     def detokenizer(self, *, skip_special: bool = False) -> StreamingDetokenizer:
         return StreamingDetokenizer(self._tk, skip_ids=self._skipped if skip_special else None)
 
+    def backend_json(self) -> str:
+        """The ``tokenizer.json`` text of the backend (llguidance builds its view from it)."""
+        return self._tk.to_str()
+
     def token_texts(self) -> list[str]:
         """The text each id adds when it follows other text (computed once, cached).
 

@@ -102,8 +102,8 @@ def from_exception(exc: BaseException, *, renames: Mapping[str, str] | None = No
         return ApiError(429, exc.message, code="resource_limit", hint=hint, retry_after_s=5)
     if isinstance(exc, CancelledError):
         return ApiError(409, exc.message, code="cancelled", hint=hint)
-    if isinstance(exc, ConstraintError):  # e.g. max_tokens ended the JSON value early
-        return ApiError(422, exc.message, code="json_incomplete", hint=hint)
+    if isinstance(exc, ConstraintError):  # a token forced past the grammar's mask
+        return ApiError(422, exc.message, code="constraint_violated", hint=hint)
     # Other engine errors come from what the request asked for (e.g. a logit_bias that
     # masks every token): the request cannot be processed as given.
     return ApiError(422, exc.message, code="generation_failed", hint=hint)

@@ -15,7 +15,8 @@ was reused, ``timings.prompt_n`` the rest (the tokens actually processed) and
 ``id_slot`` and ``cache_prompt`` are accepted and change nothing: the scheduler already
 gives a request the runner whose cache shares most of its prompt, and prompt KV is always
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
-(``{}``: any value); GBNF ``grammar`` is refused.
+(``{}``: any value), ``grammar`` to a GBNF grammar, ``regex`` to a regular expression
+(llguidance, ``engine.guidance``).
 /infill on a model without FIM tokens uses the prefix-only layout (``engine.fim_plain``);
 ``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block. /infill answers
 add ``fim_layout`` (``psm``, ``spm``, ``codestral``, ``prefix-only``; as ``/props``) and
@@ -149,10 +150,6 @@ def _warm_body(model: LoadedModel) -> dict[str, Any]:
 
 
 def _check(body: LlamaSampling) -> int:
-    if body.grammar:
-        raise ApiError(501, "grammar: GBNF grammars are not supported; this worker "
-                       "constrains output to JSON only", param="grammar", code="not_supported",
-                       hint="send json_schema (a JSON schema; {} for any JSON value) instead")
     if not 1 <= body.n_cmpl <= MAX_COMPLETIONS:
         raise ApiError(400, f"n_cmpl: expected 1..{MAX_COMPLETIONS}, got {body.n_cmpl}",
                        param="n_cmpl")

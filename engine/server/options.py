@@ -14,10 +14,11 @@
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.
 
-JSON output (the engine's JSON constraint): OpenAI ``response_format`` ``json_object``
-(an object) or ``json_schema`` (``json_schema.schema``); Ollama ``format`` ``"json"``
-(an object) or a schema; llama.cpp ``json_schema`` (``{}`` = any JSON value). A schema
-the constraint cannot express is a 400 naming the keyword.
+Structured output (the engine's llguidance constraint, ``engine.guidance``): OpenAI
+``response_format`` ``json_object`` (an object), ``json_schema`` (``json_schema.schema``),
+and this worker's ``regex`` / ``grammar`` types; Ollama ``format`` ``"json"`` (an object)
+or a schema; llama.cpp ``json_schema`` (``{}`` = any JSON value), ``grammar`` (GBNF) and
+``regex``. A schema or grammar llguidance refuses is a 400 quoting its reason.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.config import ConstraintKind, GenerateOptions, JsonConstraintSpec, StopSequence
+from engine.config import ConstraintKind, ConstraintSpec, GenerateOptions, StopSequence
 from engine.errors import InvalidOptionError
 from engine.server.errors import ApiError, from_exception
 from engine.server.models import LoadedModel
@@ -57,17 +58,25 @@ def make_options(fields: Mapping[str, Any], renames: Mapping[str, str]) -> Gener
 
 
 def _constraint(param: str, kind: ConstraintKind, schema: Mapping[str, Any] | None = None,
-                object_only: bool = False) -> JsonConstraintSpec:
+                object_only: bool = False, text: str | None = None) -> ConstraintSpec:
     try:
-        return JsonConstraintSpec(kind, schema, object_only)
+        return ConstraintSpec(kind, schema, object_only, text)
     except InvalidOptionError as exc:
         raise from_exception(exc, renames={"constraint": param}) from exc
 
 
-def response_constraint(fmt: ResponseFormat | None) -> JsonConstraintSpec | None:
-    """OpenAI ``response_format`` -> the JSON constraint (None for text)."""
+def response_constraint(fmt: ResponseFormat | None) -> ConstraintSpec | None:
+    """OpenAI ``response_format`` -> the constraint (None for text)."""
     if fmt is None or fmt.type == "text":
         return None
+    if fmt.type in ("regex", "grammar"):
+        kind: ConstraintKind = "regex" if fmt.type == "regex" else "grammar"
+        text = fmt.regex if kind == "regex" else fmt.grammar
+        if not text:
+            raise ApiError(400, f"response_format: type {kind} needs {kind}",
+                           param="response_format",
+                           hint=f'send {{"type": "{kind}", "{kind}": "..."}}')
+        return _constraint("response_format", kind, text=text)
     if fmt.type == "json_object":
         return _constraint("response_format", "json_object", object_only=True)
     if fmt.type == "json_schema":
@@ -78,11 +87,27 @@ def response_constraint(fmt: ResponseFormat | None) -> JsonConstraintSpec | None
                            hint='send {"type": "json_schema", "json_schema": {"name": "x", '
                            '"schema": {...}}}')
         return _constraint("response_format", "json_schema", schema)
-    raise ApiError(400, f"response_format: type must be text, json_object or json_schema, "
-                   f"got {fmt.type!r}", param="response_format")
+    raise ApiError(400, f"response_format: type must be text, json_object, json_schema, "
+                   f"regex or grammar, got {fmt.type!r}", param="response_format")
 
 
-def ollama_constraint(fmt: str | Mapping[str, Any] | None) -> JsonConstraintSpec | None:
+def llama_constraint(body: LlamaSampling) -> ConstraintSpec | None:
+    """llama.cpp ``json_schema``, ``grammar`` (GBNF) and this worker's ``regex``."""
+    given = [name for name in ("json_schema", "grammar", "regex") if getattr(body, name)
+             or (name == "json_schema" and body.json_schema is not None)]
+    if len(given) > 1:
+        raise ApiError(400, f"{given[1]}: send one of json_schema, grammar and regex, got "
+                       f"{' and '.join(given)}", param=given[1])
+    if body.json_schema is not None:
+        return _constraint("json_schema", "json_schema", body.json_schema)
+    if body.grammar:
+        return _constraint("grammar", "grammar", text=body.grammar)
+    if body.regex:
+        return _constraint("regex", "regex", text=body.regex)
+    return None
+
+
+def ollama_constraint(fmt: str | Mapping[str, Any] | None) -> ConstraintSpec | None:
     """Ollama ``format``: ``"json"`` (an object) or a JSON schema."""
     if not fmt:
         return None
@@ -227,8 +252,7 @@ def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int =
         "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
         "stop_on_eos": not body.ignore_eos,
         "top_logprobs": body.n_probs if body.n_probs > 0 else None,
-        "constraint": None if body.json_schema is None
-        else _constraint("json_schema", "json_schema", body.json_schema),
+        "constraint": llama_constraint(body),
     }, LLAMA_RENAMES)
 
 

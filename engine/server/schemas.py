@@ -51,10 +51,13 @@ class JsonSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
-    """``text``, ``json_object`` or ``json_schema`` (with ``json_schema.schema``)."""
+    """``text``, ``json_object``, ``json_schema`` (with ``json_schema.schema``), or this
+    worker's ``regex`` (with ``regex``) and ``grammar`` (GBNF or Lark, with ``grammar``)."""
 
     type: str = "text"
     json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
 
 class _OpenAISampling(_Body):
@@ -133,6 +136,8 @@ class LlamaSampling(_Body):
     n_cmpl: int = 1
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    #: This worker's: the whole answer matches this regular expression.
+    regex: str | None = None
 
 
 class InfillRequest(LlamaSampling):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine import Engine, GenerateOptions
@@ -198,6 +200,6 @@ def test_model_without_fim_tokens_completes_from_the_prefix(nofim_server):
     assert llama_vim_accepts('{"content":""}')  # sanity of the helper itself
 
 
-def test_gbnf_grammar_is_refused_json_schema_is_the_way(server):
-    response = _infill(server, n_predict=4, grammar="root ::= \"x\"")
-    assert response.status_code == 501 and "json_schema" in response.text
+def test_infill_takes_a_gbnf_grammar(server):
+    body = _infill(server, n_predict=8, grammar='root ::= "x" [0-9] "\\n"').json()
+    assert re.fullmatch(r"x[0-9]\n", body["content"]) and body["stop_type"] == "eos"
