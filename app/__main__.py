@@ -20,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="model folder to load at start (default: the last one, else the "
                         "built-in model)")
     parser.add_argument("--remote", metavar="URL",
-                        help="use this OpenAI-compatible server instead of a local worker")
+                        help="use this OpenAI-compatible server instead of a local worker "
+                        "(with --selftest: check the chat and code completion through it)")
     parser.add_argument("--no-welcome", action="store_true", help="skip the first-run welcome")
     parser.add_argument("--selftest", action="store_true",
                         help="start the worker, load the model, answer a chat and a code "
@@ -37,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return engine_main(args_list[1:])
     args = _parser().parse_args(args_list)
+    if args.selftest and args.remote:  # the chat and the completion through that server
+        from app.remote_check import run_remote_selftest
+
+        return run_remote_selftest(args.remote, None, args.timeout)
     if args.selftest:
         from app.selftest import run_selftest
 

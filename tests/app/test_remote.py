@@ -4,6 +4,7 @@ GGUF the built-in model comes from (slow; skipped where its wheel or the GGUF is
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -136,3 +137,15 @@ def test_chat_and_code_against_llama_cpp_pythons_server(qtbot, window, tmp_path)
             code.request_now()
         assert shown.args[0].strip()
         assert caps.path in ("suffix", "prefix")
+
+
+def test_the_remote_selftest_reports_chat_and_completion_through_the_apps_path(
+        qtbot, standin_url, capsys):
+    from app.remote_check import run_remote_selftest
+
+    assert run_remote_selftest(standin_url, None, 60) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["models"] == [standin.MODEL]
+    assert report["chat"]["text"] == standin.ANSWER
+    assert report["completion"]["text"] == standin.COMPLETION
+    assert report["completion"]["path"] == "suffix" and report["resources_reported"] is False
