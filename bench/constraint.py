@@ -1,19 +1,26 @@
-"""The JSON constraint at a 32k vocabulary: its cost per token, and that outputs parse.
+"""Structured output on llguidance: compile time, mask time per token, and tok/s with and
+without a schema (bench/constraint.md has the figures).
 
-Uses the forge's 32k tokenizer (the bench model's, else trained once with
-``make_tokenizer_files(dir, 32000)``). Sampled generations run the real processor
-(``TokenConstraint.apply``: sync + mask + -inf) on synthetic logits: normal noise plus a
-bias toward tokens holding JSON punctuation, so values end within a few hundred tokens
-while their strings still span many tokens. Every output must parse (``json_object``) or
-validate against its schema (jsonschema_rs). Per-token costs are split into cold steps
-(the state's mask was not cached) and warm ones; building the per-tokenizer index is a
-one-time cost reported on its own.
+Two vocabularies:
 
-``--engine N`` also decodes N seeded requests on the bench model (int4) with and without
-``json_object`` and compares ms per token (the model dominates; the difference is the
-constraint's share).
+- ``builtin``: the tokenizer of ``--model`` (default: the built-in model,
+  ``engine.default_model``);
+- ``150k``: that tokenizer's ``tokenizer.json`` grown to 150,000 ids (Qwen2.5/Llama-3
+  size) with tokens made of two existing ones (byte-level, so llguidance sees real byte
+  strings); its merges are the original ones, which is all a mask needs.
 
-    python -m bench.constraint [--generations 200] [--engine 0]
+For each: llguidance's tokenizer set-up, then per schema (a 7-field object; the OpenAI
+SDK's Pydantic schema with ``$defs``/``$ref``, ``anyOf``, bounds, a pattern and non-ASCII
+enum values) the grammar compile time (``TokenConstraint`` construction) and the mask time
+of every token of sampled runs (``TokenConstraint.apply``: sync, mask, -inf) on synthetic
+logits (noise plus a bias toward JSON punctuation, so values close within a few hundred
+tokens). Every output must validate (``jsonschema``) or end on the token budget.
+
+``--engine N`` decodes N seeded requests on ``--model`` at temperature 1.0 with and
+without the Pydantic schema and reports tok/s and ms per token of each (the difference is
+the constraint's share of the token loop).
+
+    python -m bench.constraint [--model DIR] [--generations 30] [--engine 8]
 """
 
 from __future__ import annotations
@@ -30,144 +37,179 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
-MODEL = OUT / "models" / "genai-L12-H768-A12-KV4-I2048-V32000-fp32"
-SCHEMA: dict[str, Any] = {
+PEOPLE: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "score": {"type": "number"},
-        "admin": {"type": "boolean"},
+        "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
+        "score": {"type": "number"}, "admin": {"type": "boolean"},
         "role": {"enum": ["owner", "editor", "viewer"]},
-        "tags": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                 "maxItems": 4},
         "address": {"type": "object", "properties": {
-            "city": {"type": "string"}, "zip": {"type": ["string", "null"]}},
-            "required": ["city"]},
-    },
-    "required": ["name", "age", "role"],
-}
+            "city": {"type": "string", "maxLength": 20}, "zip": {"type": ["string", "null"]}},
+            "required": ["city"]}},
+    "required": ["name", "age", "role"]}
 
 
-def _tokenizer_dir() -> Path:
-    if (MODEL / "tokenizer.json").is_file():
-        return MODEL
-    from tests.forge import make_tokenizer_files
+def pydantic_schema() -> dict[str, Any]:
+    """What ``client.chat.completions.parse(response_format=Trip)`` sends."""
+    from typing import Literal
 
-    return make_tokenizer_files(Path(tempfile.mkdtemp(prefix="bench-constraint-")), 32000)
+    import pydantic
+    from openai.lib._pydantic import to_strict_json_schema
+
+    class Place(pydantic.BaseModel):
+        city: Literal["Zürich", "東京", "Kraków"]
+        population: int = pydantic.Field(ge=0, le=50_000_000)
+        code: str = pydantic.Field(pattern=r"^[A-Z]{3}$")
+
+    class Trip(pydantic.BaseModel):
+        stops: list[Place] = pydantic.Field(max_length=3)
+        note: str | None = pydantic.Field(max_length=40)
+
+    return to_strict_json_schema(Trip)
 
 
-def _stats(ms: list[float]) -> dict[str, float]:
-    if not ms:
+def widened(source: Path, size: int, seed: int = 0) -> Path:
+    """A copy of ``source``'s tokenizer folder whose vocabulary has ``size`` ids."""
+    data = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab: dict[str, int] = data["model"]["vocab"]
+    taken = set(vocab)
+    pieces = [t for t in vocab if t.isprintable() and len(t) > 1]
+    rng = np.random.default_rng(seed)
+    next_id = max(max(vocab.values()), *(t["id"] for t in data.get("added_tokens", []))) + 1
+    while next_id < size:
+        a, b = rng.choice(len(pieces), 2)
+        token = pieces[a] + pieces[b].lstrip("Ġ▁")
+        if token not in taken:
+            taken.add(token)
+            vocab[token] = next_id
+            next_id += 1
+    out = Path(tempfile.mkdtemp(prefix=f"bench-vocab-{size}-"))
+    (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            (out / name).write_bytes((source / name).read_bytes())
+    return out
+
+
+def _stats(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
         return {"n": 0}
-    a = np.asarray(ms)
-    return {"n": int(a.size), "mean_ms": round(float(a.mean()), 4),
-            "p50_ms": round(float(np.median(a)), 4),
-            "p99_ms": round(float(np.percentile(a, 99)), 4), "max_ms": round(float(a.max()), 3)}
+    ms = np.asarray(seconds) * 1e3
+    return {"n": int(ms.size), "p50_ms": round(float(np.median(ms)), 4),
+            "p99_ms": round(float(np.percentile(ms, 99)), 4),
+            "mean_ms": round(float(ms.mean()), 4), "max_ms": round(float(ms.max()), 3)}
 
 
-def sampled_runs(generations: int, kind: str, max_tokens: int = 600) -> dict[str, Any]:
-    import jsonschema_rs
+def sampled_runs(folder: Path, schemas: dict[str, dict[str, Any]], generations: int,
+                 max_tokens: int = 400) -> dict[str, Any]:
+    import jsonschema
 
-    from engine.config import JsonConstraintSpec
-    from engine.constraint import TokenConstraint
-    from engine.constraint_index import grammar_for, index_for
-    from engine.json_schema import compile_spec
+    import engine.guidance as guidance
+    from engine.config import ConstraintSpec
     from engine.logits import ProcessorContext
     from engine.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(_tokenizer_dir())
-    t0 = time.perf_counter()
+    tokenizer = Tokenizer.from_dir(folder)
+    vocab = tokenizer.vocab_size
+    started = time.perf_counter()
+    guidance.guidance_tokenizer(tokenizer, vocab)
+    setup_s = time.perf_counter() - started
     texts = tokenizer.token_texts()
-    texts_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    end = tuple(tokenizer.eos_token_ids)
-    index_for(texts, frozenset(tokenizer.special_token_ids) | frozenset(end))
-    index_s = time.perf_counter() - t0
-    spec = JsonConstraintSpec("json_schema", SCHEMA) if kind == "json_schema" else \
-        JsonConstraintSpec("json_object", object_only=True)
-    grammar = grammar_for(compile_spec(spec))
     punct = np.array([any(c in t for c in '"{}[],:') for t in texts], dtype=np.float32)
+    end = tuple(tokenizer.eos_token_ids)
+    report: dict[str, Any] = {"vocab": vocab, "tokenizer_setup_s": round(setup_s, 3)}
     rng = np.random.default_rng(0)
-    cold: list[float] = []
-    warm: list[float] = []
-    ok = 0
-    failures: list[str] = []
-    for _ in range(generations):
-        constraint = TokenConstraint(spec, texts, end_ids=end,
-                                     banned_ids=tokenizer.special_token_ids)
-        context = ProcessorContext(prompt_ids=[1])
-        for _ in range(max_tokens):
-            logits = rng.normal(0.0, 2.0, len(texts)).astype(np.float32) + 6.0 * punct
-            misses = grammar.misses
-            t0 = time.perf_counter()
-            out = constraint.apply(logits, context)
-            spent = (time.perf_counter() - t0) * 1e3
-            (warm if grammar.misses == misses else cold).append(spent)
-            weights = np.exp(out - out.max())
-            token = int(rng.choice(len(out), p=weights / weights.sum()))
-            context.append(token)
-            constraint.sync(context.generated_ids)
-            if constraint.closed:
-                break
-        text = "".join(texts[t] for t in context.generated_ids if t not in end)
-        try:
-            value = json.loads(text)
-            if kind == "json_schema":
-                jsonschema_rs.validate(SCHEMA, value)
-            ok += 1
-        except (ValueError, jsonschema_rs.ValidationError) as exc:
-            failures.append(f"{exc}: {text[:120]!r}")
-    return {"kind": kind, "vocab": len(texts), "token_texts_s": round(texts_s, 3),
-            "index_build_s": round(index_s, 3), "generations": generations, "valid": ok,
-            "failures": failures[:5], "per_token_all": _stats(cold + warm),
-            "per_token_warm": _stats(warm), "per_token_cold": _stats(cold)}
+    for name, body in schemas.items():
+        spec = ConstraintSpec("json_schema", body)
+        compile_s: list[float] = []
+        mask_s: list[float] = []
+        apply_s: list[float] = []
+        valid = cut = 0
+        failures: list[str] = []
+        for _ in range(generations):
+            constraint = guidance.TokenConstraint(spec, tokenizer, vocab, end_ids=end,
+                                                  banned_ids=tokenizer.special_token_ids)
+            compile_s.append(constraint.compile_s)
+            context = ProcessorContext(prompt_ids=[1])
+            for _ in range(max_tokens):
+                logits = rng.normal(0.0, 2.0, vocab).astype(np.float32) + 5.0 * punct
+                t0 = time.perf_counter()
+                out = constraint.apply(logits, context)
+                apply_s.append(time.perf_counter() - t0)
+                weights = np.exp(out - out.max())
+                context.append(int(rng.choice(vocab, p=weights / weights.sum())))
+                constraint.sync(context.generated_ids)
+                if constraint.closed:
+                    break
+            mask_s += constraint.mask_s
+            ids = [t for t in context.generated_ids if t not in end]
+            text = tokenizer.decode(ids)
+            if not constraint.closed:
+                cut += 1
+                continue
+            try:
+                jsonschema.validate(json.loads(text), body)
+                valid += 1
+            except (ValueError, jsonschema.ValidationError) as exc:
+                failures.append(f"{exc.__class__.__name__}: {text[:120]!r}")
+        report[name] = {"generations": generations, "valid": valid, "cut_by_budget": cut,
+                        "failures": failures[:3], "compile": _stats(compile_s),
+                        "mask": _stats(mask_s), "processor": _stats(apply_s)}
+    return report
 
 
-def engine_runs(requests: int, new_tokens: int = 64) -> dict[str, Any]:
-    from bench.decode import build_models
-    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
-    from engine.config import JsonConstraintSpec
-    from engine.errors import ConstraintError
+def engine_runs(folder: Path, requests: int, new_tokens: int = 96) -> dict[str, Any]:
+    from engine import ConstraintSpec, Engine, EngineConfig, GenerateOptions, GenerateRequest
 
-    model = build_models(OUT, ["int4"])["int4"]
-    engine = Engine.load(model, EngineConfig(intra_op_threads=2))
-    arms: dict[str, list[float]] = {"plain": [], "json_object": []}
-    errors = 0
+    engine = Engine.load(folder, EngineConfig(intra_op_threads=2))
+    spec = ConstraintSpec("json_schema", pydantic_schema())
+    arms: dict[str, list[float]] = {"plain": [], "schema": []}
     for seed in range(requests):
         for arm in arms:
-            options = GenerateOptions(
-                max_new_tokens=new_tokens, seed=seed, stop_on_eos=False,
-                constraint=JsonConstraintSpec(object_only=True) if arm != "plain" else None)
-            stamps: list[float] = []
-            try:
-                for event in engine.stream(GenerateRequest(prompt="Answer in JSON:",
-                                                           options=options)):
-                    if event.token_id is not None:
-                        stamps.append(event.timestamp)
-            except ConstraintError:
-                errors += 1
+            options = GenerateOptions(max_new_tokens=new_tokens, seed=seed, temperature=1.0,
+                                      stop_on_eos=arm == "schema",
+                                      constraint=spec if arm == "schema" else None)
+            stamps = [e.timestamp for e in engine.stream(GenerateRequest(
+                prompt="Plan a trip. Answer in JSON:", options=options))
+                if e.token_id is not None]
             if len(stamps) > 2:
                 arms[arm].append((stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1))
-    return {"requests": requests, "incomplete_errors": errors,
-            **{f"{arm}_ms_per_token": round(float(np.median(v)), 3) for arm, v in arms.items()
-               if v}}
+    report: dict[str, Any] = {"requests": requests, "model": str(folder)}
+    for arm, values in arms.items():
+        ms = float(np.median(values))
+        report[f"{arm}_ms_per_token"] = round(ms, 3)
+        report[f"{arm}_tok_s"] = round(1e3 / ms, 1)
+    report["overhead_ms_per_token"] = round(report["schema_ms_per_token"]
+                                            - report["plain_ms_per_token"], 3)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.default_model import default_model_dir
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--generations", type=int, default=200)
-    ap.add_argument("--engine", type=int, default=0, help="seeded requests on the bench model")
+    ap.add_argument("--model", type=Path, default=default_model_dir(),
+                    help="model folder (default: the built-in model)")
+    ap.add_argument("--generations", type=int, default=30)
+    ap.add_argument("--engine", type=int, default=0, help="seeded requests on --model")
     args = ap.parse_args(argv)
+    if args.model is None:
+        ap.error("the built-in model is not in this checkout: pass --model DIR")
+    schemas = {"people": PEOPLE, "pydantic_trip": pydantic_schema()}
     summary: dict[str, Any] = {
-        kind: sampled_runs(args.generations, kind) for kind in ("json_object", "json_schema")}
+        "builtin": sampled_runs(args.model, schemas, args.generations),
+        "150k": sampled_runs(widened(args.model, 150_000), schemas, args.generations)}
     if args.engine:
-        summary["engine"] = engine_runs(args.engine)
+        summary["engine"] = engine_runs(args.model, args.engine)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "constraint.json").write_text(json.dumps(summary, indent=1))
     json.dump(summary, sys.stdout, indent=1)
     print()
-    return 0 if all(summary[k]["valid"] == args.generations
-                    for k in ("json_object", "json_schema")) else 1
+    bad = [(vocab, name) for vocab in ("builtin", "150k") for name in schemas
+           if summary[vocab][name]["failures"]]
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

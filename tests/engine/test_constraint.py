@@ -254,3 +254,14 @@ def test_batched_constrained_requests_match_their_solo_runs(engine: Engine) -> N
             else:
                 texts[i] += event.text
     assert texts == solo
+
+
+def test_speculation_steps_aside_for_a_constraint(engine: Engine) -> None:
+    """Each token's mask needs the token before it: a constrained request asked to
+    speculate runs one token per step and gives the answer it gives without asking."""
+    body = SCHEMAS["ref_oneof"]
+    plain = _generate(engine, schema(body), temperature=0.0)
+    asked = _generate(engine, schema(body), temperature=0.0,
+                      speculative_mode="prompt_lookup")
+    assert asked.text == plain.text and asked.speculation is None
+    jsonschema.validate(json.loads(asked.text), body)
