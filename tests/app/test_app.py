@@ -35,7 +35,7 @@ def window(qtbot, paths, models_root):
 
 
 def start(qtbot, win: MainWindow, model: str) -> None:
-    with qtbot.waitSignal(win.ctx.model_changed, timeout=30_000,
+    with qtbot.waitSignal(win.ctx.model_changed, timeout=120_000,
                           check_params_cb=lambda card: card is not None):
         win.ctx.start_local(model)
         win.attach_worker()
@@ -61,30 +61,32 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
     chat = window.show_view("chat")
     worker = ctx.worker
     assert worker is not None
+    # every wait is generous (a busy machine slows a restart and a long history's prefill
+    # many times over): what is held is that each event comes, not how fast
     for round_ in range(KILLS):
         # a long answer streams, and the worker dies under it (the context holds 1024
         # tokens: answers are kept short so that twenty exchanges fit)
         chat.settings.sampling = answers_of(400)
         assert chat.send(f"question {round_}")
         before = len(chat.message_widgets())
-        qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=20_000)
+        qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=120_000)
         pid = worker.pid
         assert pid is not None
-        with qtbot.waitSignal(worker.died, timeout=60_000):
+        with qtbot.waitSignal(worker.died, timeout=120_000):
             os.kill(pid, signal.SIGKILL)
         assert ctx.model is None  # the GUI knows at once
         assert window.banner.isVisible() and "killed" in window.banner.text.text()
         # the worker comes back by itself (how fast: python -m bench.latency)
-        qtbot.waitUntil(lambda: ctx.model is not None, timeout=60_000)
+        qtbot.waitUntil(lambda: ctx.model is not None, timeout=120_000)
         assert worker.pid not in (None, pid)
-        qtbot.waitUntil(lambda: not chat.answering, timeout=30_000)
+        qtbot.waitUntil(lambda: not chat.answering, timeout=120_000)
         partial = last_answer(ctx, chat)
         assert len(partial.content) >= 8 and partial.state in {"failed", "stopped"}
         assert "interrupted" in partial.note
         assert len(chat.message_widgets()) == before
         # the next message works
         chat.settings.sampling = answers_of(12)
-        with qtbot.waitSignal(chat.answer_finished, timeout=60_000) as done:
+        with qtbot.waitSignal(chat.answer_finished, timeout=120_000) as done:
             assert chat.send(f"and again {round_}")
         assert done.args[0].state == "done" and done.args[0].content
     # everything, from the store on disk: 2 exchanges per round, nothing lost
