@@ -10,6 +10,8 @@ completions, instead of covering them.
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal
 from PySide6.QtGui import (
     QFontDatabase,
@@ -20,6 +22,7 @@ from PySide6.QtGui import (
     QResizeEvent,
     QTextBlock,
     QTextCharFormat,
+    QTextCursor,
     QTextFormat,
     QTextLayout,
 )
@@ -28,6 +31,23 @@ from PySide6.QtWidgets import QPlainTextEdit, QTextEdit, QWidget
 from app.views.code_highlight import PythonHighlighter
 
 TAB_WIDTH = 4
+_DEDENT = re.compile(r"^\s*(return|pass|break|continue|raise)\b")
+_OPENERS = {"python": (":",), "c-like": ("{", "(", "["), "text": ()}
+
+
+def next_indent(before: str, language: str = "python") -> str:
+    """The indentation of a new line after ``before`` (its line up to the cursor)."""
+    indent = before[:len(before) - len(before.lstrip())]
+    code = before.split("#", 1)[0] if language == "python" else before
+    code = code.rstrip()
+    openers = _OPENERS.get(language, _OPENERS["c-like"]) + (("(", "[", "{")
+                                                              if language == "python" else ())
+    if code and code.endswith(openers):
+        unit = "\t" if indent.startswith("\t") else " " * TAB_WIDTH
+        return indent + unit
+    if language == "python" and _DEDENT.match(code) and indent:
+        return indent[:-TAB_WIDTH] if indent.endswith(" " * TAB_WIDTH) else indent[:-1]
+    return indent
 
 
 class LineNumbers(QWidget):
@@ -85,6 +105,7 @@ class CodeEditor(QPlainTextEdit):
         self._ghost = ""
         self._ghost_at = -1
         self._ghost_block: QTextBlock | None = None
+        self.language = "python"  # how new lines indent (app/views/code_files.py names it)
         self.highlighter = PythonHighlighter(self.document(), self.palette())
         self.gutter = LineNumbers(self)
         self.blockCountChanged.connect(self._fit_gutter)
@@ -177,7 +198,43 @@ class CodeEditor(QPlainTextEdit):
             return
         if event.key() == Qt.Key.Key_Escape and self.dismiss_ghost():
             return
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and (
+                plain or event.modifiers() == Qt.KeyboardModifier.ShiftModifier):
+            self.new_line()
+            return
+        if event.key() == Qt.Key.Key_Backspace and plain and self._unindent():
+            return
         super().keyPressEvent(event)
+
+    # --- indentation ----------------------------------------------------------------------
+
+    def new_line(self) -> None:
+        """Break the line at the cursor, keeping its indentation: one level more after a
+        line that opens a block (``def f():``, ``{``), one less after one that ends it
+        (``return``, ``pass``...)."""
+        cursor = self.textCursor()
+        before = cursor.block().text()[:cursor.positionInBlock()]
+        indent = next_indent(before, self.language)
+        cursor.beginEditBlock()
+        cursor.removeSelectedText()
+        cursor.insertText("\n" + indent)
+        cursor.endEditBlock()
+        self.setTextCursor(cursor)
+        self.ensureCursorVisible()
+
+    def _unindent(self) -> bool:
+        """Backspace in the indentation: back to the previous level, not one space."""
+        cursor = self.textCursor()
+        if cursor.hasSelection():
+            return False
+        before = cursor.block().text()[:cursor.positionInBlock()]
+        if not before or before.strip() or "\t" in before:
+            return False
+        remove = len(before) % TAB_WIDTH or TAB_WIDTH
+        cursor.movePosition(QTextCursor.MoveOperation.Left,
+                            QTextCursor.MoveMode.KeepAnchor, remove)
+        cursor.removeSelectedText()
+        return True
 
     # --- gutter and current line ------------------------------------------------------------
 

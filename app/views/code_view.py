@@ -27,6 +27,7 @@ from app.client import ApiFailure, JsonReply, single_shot
 from app.context import AppContext
 from app.remote import fim_answer, fim_request, refused
 from app.views.code_editor import CodeEditor
+from app.views.code_files import CodeFiles
 
 DEFAULT_DEBOUNCE_MS = 250
 DEFAULT_N_PREDICT = 48
@@ -110,6 +111,9 @@ class CodeView(QWidget):
         row.addWidget(self.status, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 4)
+        self.files = CodeFiles(ctx, self.editor, self)
+        self.files.problem.connect(self._set_status)
+        layout.addWidget(self.files.bar)
         layout.addWidget(self.editor, 1)
         layout.addLayout(row)
         self._timer = single_shot(int(ctx.settings.value("code/debounce_ms",
