@@ -37,6 +37,7 @@ from app.views.chat_answer import (
 )
 from app.views.chat_list import ConversationList
 from app.views.chat_message import MessageWidget
+from app.views.chat_models import ModelPicker
 from app.views.chat_parts import (
     Composer,
     ContextBanner,
@@ -97,8 +98,10 @@ class ChatView(QWidget):
         menu.addAction("Markdown…", lambda: self.export("markdown"))
         menu.addAction("JSON…", lambda: self.export("json"))
         self.export_button.setMenu(menu)
+        self.model_picker = ModelPicker(self.ctx, self)
         top = QHBoxLayout()
         top.addWidget(self.title, 1)
+        top.addWidget(self.model_picker)
         top.addWidget(self.settings_toggle)
         top.addWidget(self.export_button)
         self.settings = SamplingPanel(self)

@@ -186,6 +186,7 @@ class MainWindow(QMainWindow):
         self.toggle_gauges.setChecked(True)
         help_menu = menu.addMenu("&Help")
         self._action(help_menu, "Welcome", None, self.show_welcome)
+        self._action(help_menu, "About ONNX Local LLM", None, self.show_about)
         self._action(self, "Focus input", "Ctrl+L", lambda: self._call("chat", "focus_input"))
 
     def _action(self, owner: Any, text: str, shortcut: Any, slot: Callable[[], Any] | None
@@ -256,6 +257,13 @@ class MainWindow(QMainWindow):
         from app.views.welcome import WelcomeDialog
 
         WelcomeDialog(self.ctx, self).open()
+
+    def show_about(self) -> QWidget:
+        from app.views.about import AboutDialog
+
+        dialog = AboutDialog(self)
+        dialog.open()
+        return dialog
 
     # --- worker state ---------------------------------------------------------------------
 

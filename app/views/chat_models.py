@@ -1,0 +1,104 @@
+"""The chat header's model picker: the library's models (what the worker can load, from
+``GET /v1/library``), the loaded one marked; picking another loads it
+(``POST /v1/models/load``). With a remote server: the models it lists (``/v1/models``);
+picking one sends the chat to that model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QComboBox, QWidget
+
+from app.client import ApiFailure
+from app.context import AppContext
+
+LOADED_MARK = "● "
+LOAD_TIMEOUT_MS = 300_000
+
+
+class ModelPicker(QComboBox):
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("chatModelPicker")
+        self.setToolTip("The model that answers: the loaded one is marked ●; pick another "
+                        "to load it")
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.setMinimumContentsLength(18)
+        self.ctx = ctx
+        self.loading: str | None = None
+        self.activated.connect(self._on_picked)
+        ctx.model_changed.connect(lambda _card: self.refresh())
+        ctx.remote_probed.connect(lambda _caps: self.refresh())
+        ctx.down.connect(lambda _why: self._show([], "no model: the worker is not running"))
+        self._show([], "waiting for the worker…")
+        self.refresh()
+
+    def entries(self) -> list[tuple[str, str, bool]]:
+        """(shown text, what picking it loads, loaded) for each item."""
+        return [(self.itemText(i), str(self.itemData(i)), self.itemText(i).startswith(
+            LOADED_MARK)) for i in range(self.count()) if self.itemData(i) is not None]
+
+    def refresh(self) -> None:
+        if not self.ctx.client.is_configured:
+            return
+        loaded = str((self.ctx.model or {}).get("id") or "")
+        if self.ctx.remote:
+            caps = self.ctx.remote_caps
+            ids = list(getattr(caps, "models", None) or ([loaded] if loaded else []))
+            self._show([(i, i, i == loaded) for i in ids], "this server lists no model")
+            return
+        reply = self.ctx.client.get("/v1/library", admin=True)
+        reply.finished.connect(self._on_library)
+        reply.failed.connect(lambda f: self._show([], f"the library could not be read: "
+                                                      f"{f.message}"))
+
+    def _on_library(self, body: Any) -> None:
+        models = body.get("models") if isinstance(body, dict) else None
+        items = [(str(m.get("name")), str(m.get("path")), bool(m.get("loaded")))
+                 for m in models or [] if isinstance(m, dict) and m.get("path")]
+        self._show(items, "no model in the library: add a folder in Models")
+
+    def _show(self, items: list[tuple[str, str, bool]], empty: str) -> None:
+        self.blockSignals(True)
+        self.clear()
+        if not items:
+            self.addItem(empty, None)
+        current = 0
+        for n, (name, key, loaded) in enumerate(items):
+            self.addItem((LOADED_MARK if loaded else "") + name, key)
+            if loaded:
+                current = n
+        self.setCurrentIndex(current)
+        self.blockSignals(False)
+
+    def _on_picked(self, index: int) -> None:
+        key = self.itemData(index)
+        if key is None or self.itemText(index).startswith(LOADED_MARK):
+            return
+        name = self.itemText(index)
+        if self.ctx.remote:
+            meta = (self.ctx.model or {}).get("meta") or {}
+            self.ctx.set_model({"id": key, "meta": {k: v for k, v in meta.items()
+                                                    if k != "path"}})
+            return
+        self.loading = str(key)
+        self.setEnabled(False)
+        self.ctx.busy.emit(f"Loading {name}…")
+        reply = self.ctx.client.call("POST", "/v1/models/load", {"model": key}, admin=True,
+                                     timeout_ms=LOAD_TIMEOUT_MS)
+        reply.finished.connect(lambda _body: self._loaded(str(key)))
+        reply.failed.connect(lambda failure: self._failed(name, failure))
+
+    def _loaded(self, path: str) -> None:
+        self.loading = None
+        self.setEnabled(True)
+        self.ctx.busy.emit("")
+        self.ctx.settings.set_value("library/last_model", path)
+        self.ctx.refresh_model()
+
+    def _failed(self, name: str, failure: ApiFailure) -> None:
+        self.loading = None
+        self.setEnabled(True)
+        self.ctx.busy.emit("")
+        self.ctx.report(failure, f"Could not load {name}")
+        self.refresh()

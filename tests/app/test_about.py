@@ -1,0 +1,59 @@
+"""Help → About through the real window: versions, and the built-in model's licence read
+from its folder's files (or what the folder lacks)."""
+
+from __future__ import annotations
+
+import onnxruntime
+from PySide6 import __version__ as pyside_version
+from PySide6.QtCore import qVersion
+from PySide6.QtGui import QAction
+
+from app.context import AppContext
+from app.views import about
+from app.views.main_window import MainWindow
+
+APACHE = ("\n                                 Apache License\n"
+          "                           Version 2.0, January 2004\n"
+          "                        http://www.apache.org/licenses/\n")
+
+
+def _open_about(qtbot, paths):
+    win = MainWindow(AppContext(paths))
+    qtbot.addWidget(win)
+    win.show()
+    action = next(a for a in win.findChildren(QAction) if a.text() == "About ONNX Local LLM")
+    action.trigger()
+    dialog = win.findChild(about.AboutDialog)
+    assert dialog is not None and dialog.isVisible()
+    return dialog.text.toPlainText()
+
+
+def test_about_shows_versions_and_the_models_licence_and_provenance(qtbot, paths, tmp_path,
+                                                                    monkeypatch):
+    folder = tmp_path / about.BUILTIN_NAME
+    folder.mkdir()
+    (folder / "LICENSE").write_text(APACHE, encoding="utf-8")
+    (folder / "MODEL_CARD.md").write_text("---\nlicense: apache-2.0\n---\n# SmolLM2-135M\n",
+                                          encoding="utf-8")
+    (folder / "PROVENANCE.md").write_text("From HuggingFaceTB/SmolLM2-135M-Instruct.\n",
+                                          encoding="utf-8")
+    monkeypatch.setattr(about, "builtin_model_dir", lambda: folder)
+    text = _open_about(qtbot, paths)
+    assert f"ONNX Runtime (onnxruntime)\t{onnxruntime.__version__}" in text or \
+        onnxruntime.__version__ in text
+    assert qVersion() in text and pyside_version in text and "0.1.0" in text
+    assert "Licence: Apache-2.0" in text
+    assert "From HuggingFaceTB/SmolLM2-135M-Instruct." in text
+    assert "# SmolLM2-135M" in text and "Apache License" in text
+
+
+def test_about_says_what_the_models_folder_lacks(qtbot, paths, tmp_path, monkeypatch):
+    folder = tmp_path / about.BUILTIN_NAME
+    folder.mkdir()
+    (folder / "genai_config.json").write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(about, "builtin_model_dir", lambda: folder)
+    text = _open_about(qtbot, paths)
+    assert "Licence: not stated in its files (the folder has no LICENSE file)" in text
+    assert "it holds: genai_config.json." in text
+    monkeypatch.setattr(about, "builtin_model_dir", lambda: tmp_path / "absent")
+    assert "Not installed here" in _open_about(qtbot, paths)
