@@ -220,9 +220,7 @@ def summary(report: dict[str, Any]) -> str:
 def _serve(args: argparse.Namespace) -> int:
     from engine.server.serve import run
 
-    if args.access_log:
-        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
-    return run(args)
+    return run(args)  # it sets up the worker's log (engine/server/worker_log.py)
 
 
 def _flags_of(parser: argparse.ArgumentParser, command: str) -> set[str]:

@@ -1,6 +1,7 @@
 """The worker's FastAPI app: routes of every dialect, middleware, lifespan.
 
-Middleware, outermost first: request metrics -> body size limit -> JSON body label
+Middleware, outermost first: request id and its log line (engine/server/worker_log.py)
+-> request metrics -> body size limit -> JSON body label
 (engine/server/bodies.py) -> guard (origin, host, API key, admin token) -> CORS (only with
 --cors-origin) -> routes. The engine thread starts with the app and stops after the
 server has finished (or cancelled) in-flight requests.
@@ -30,6 +31,7 @@ from engine.server.security import BodyLimitMiddleware, GuardMiddleware
 from engine.server.sessions import SessionRegistry, sweep_forever
 from engine.server.streaming import ServerContext
 from engine.server.worker import EngineWorker
+from engine.server.worker_log import RequestIdMiddleware
 
 TITLE = "onnx-local-llm worker"
 VERSION = "0.1.0"
@@ -120,6 +122,7 @@ def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAP
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=ctx.metrics)
+    app.add_middleware(RequestIdMiddleware)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -38,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "pid so a worker never outlives it")
     net.add_argument("--graceful-shutdown", type=float, default=5.0,
                      help="seconds in-flight requests get on SIGINT/SIGTERM")
-    net.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    net.add_argument("--access-log", action="store_true",
+                     help="log every request to stderr (the log file always has them)")
+    net.add_argument("--log-file", type=Path,
+                     help="the worker's rotating log file (default: worker.log in the user "
+                     "log folder)")
+    net.add_argument("--no-log-file", action="store_true",
+                     help="log to stderr only")
     net.add_argument("--session-idle-timeout", type=float, default=1800.0,
                      help="seconds an X-Session-Id chat session is kept without a turn")
     net.add_argument("--max-sessions", type=int, default=64,

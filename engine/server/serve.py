@@ -5,8 +5,10 @@ The ready line is the only thing written to stdout, once the socket listens::
     {"event":"ready","url":"http://127.0.0.1:8012","host":"127.0.0.1","port":8012,
      "pid":1234,"model":"qwen2.5-coder-1.5b","admin_token_file":"/home/u/.config/..."}
 
-Logs go to stderr. On a signal the server stops accepting, lets in-flight requests finish
-for ``--graceful-shutdown`` seconds, cancels the rest, stops the engine thread, exits 0.
+The ready line also names ``log_file``: the worker logs to one rotating file in the user
+log folder and to stderr (engine/server/worker_log.py). On a signal the server stops
+accepting, lets in-flight requests finish for ``--graceful-shutdown`` seconds, cancels the
+rest, stops the engine thread, exits 0.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import uvicorn
 from engine.config import EngineConfig, KVStoreConfig
 from engine.default_model import default_model_dir
 from engine.errors import EngineError
-from engine.server.app import build_context, create_app
+from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
 from engine.server.security import ensure_admin_token
+from engine.server.worker_log import default_log_file, setup, startup_log
 
 log = logging.getLogger("engine.server")
 
@@ -107,12 +110,39 @@ class WorkerServer(uvicorn.Server):
 
 
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
-    return uvicorn.Config(app, log_config=None, access_log=config.access_log, lifespan="on",
+    # one access line per request comes from RequestIdMiddleware (with its id)
+    return uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
                           ws="none")
 
 
+def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None:
+    """The facts a bug report needs, once, in the file and on stderr."""
+    engine = config.engine
+    startup_log.info("worker %s pid %d listening on %s; log file %s", VERSION, os.getpid(),
+                     url, log_file or "none")
+    current = ctx.models.current
+    if current is None:
+        startup_log.info("no model loaded (models from %s)",
+                         ", ".join(map(str, config.models_dirs)) or "nowhere")
+    else:
+        facts = current.engine.describe()
+        startup_log.info("model %s (%s): provider %s, %s threads, context %s, decode %s",
+                         current.id, facts.get("model"), facts.get("provider"),
+                         facts.get("threads"), facts.get("context_length"),
+                         facts.get("decode_path"))
+    startup_log.info("limits: queue %d, body %d bytes, batch %s, kv_max_len %s, vram %s, "
+                     "host RAM %s, KV store %s; API key %s, CORS %s", config.max_queue,
+                     config.max_body_bytes, engine.max_batch, engine.kv_max_len,
+                     engine.vram_limit, engine.host_ram_limit,
+                     "off" if engine.kv_store is None else "on",
+                     "required" if config.api_key else "none",
+                     ", ".join(config.cors_origins) or "none")
+
+
 def run(args: argparse.Namespace) -> int:
+    log_file = setup(None if args.no_log_file else (args.log_file or default_log_file()),
+                     access=args.access_log)
     try:
         config = config_from_args(args)
     except OSError as exc:
@@ -131,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     ready = {"event": "ready", "url": url_of(sock), "host": config.host,
              "port": sock.getsockname()[1], "pid": os.getpid(),
              "model": current.id if current else None,
-             "admin_token_file": str(config.admin_token_file)}
+             "admin_token_file": str(config.admin_token_file),
+             "log_file": None if log_file is None else str(log_file)}
+    log_startup(config, ctx, ready["url"], log_file)
     server = WorkerServer(uvicorn_config(app, config), ready)
     if args.parent_pid:
         watch_parent(server, args.parent_pid)

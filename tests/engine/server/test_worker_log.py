@@ -1,0 +1,78 @@
+"""The worker's log as the app starts the worker: a rotating file in the user log folder
+(named by the ready line) with the start-up facts and one line per request under its id,
+stderr with the start-up facts (and the requests only with --access-log)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[str], dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", "0",
+                             "--threads", "1", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    return proc, json.loads(line)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    return err
+
+
+def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp_path: Path):
+    proc, ready = _start("--model", str(model_dir), "--admin-token-file",
+                         str(tmp_path / "token"))
+    try:
+        log_file = Path(ready["log_file"])
+        state = Path(os.environ["XDG_STATE_HOME"])  # the session's temporary home
+        assert log_file.name == "worker.log" and log_file.is_relative_to(state)
+        with httpx.Client(base_url=ready["url"], timeout=60) as http:
+            named = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2},
+                              headers={"X-Request-Id": "editor-42"})
+            unnamed = http.get("/v1/models")
+    finally:
+        stderr = _stop(proc)
+    assert named.headers["x-request-id"] == "editor-42"
+    fresh = unnamed.headers["x-request-id"]
+    assert fresh and fresh != "editor-42"
+    text = log_file.read_text(encoding="utf-8")
+    assert ready["model"] in text and "provider cpu" in text and "1 threads" in text
+    assert "limits: queue" in text
+    assert any("[editor-42]" in line and "POST /v1/completions 200" in line
+               for line in text.splitlines())
+    assert any(f"[{fresh}]" in line and "GET /v1/models 200" in line
+               for line in text.splitlines())
+    # stderr: the start-up facts, not the requests (that is --access-log's job)
+    assert "provider cpu" in stderr and "/v1/completions" not in stderr
+
+
+def test_access_log_and_no_log_file(model_dir: Path, tmp_path: Path):
+    proc, ready = _start("--model", str(model_dir), "--admin-token-file",
+                         str(tmp_path / "token"), "--access-log", "--no-log-file")
+    try:
+        with httpx.Client(base_url=ready["url"], timeout=60) as http:
+            assert http.get("/v1/models").status_code == 200
+    finally:
+        stderr = _stop(proc)
+    assert ready["log_file"] is None
+    assert "GET /v1/models 200" in stderr
+
+
+def test_an_unwritable_log_folder_falls_back_to_stderr(model_dir: Path, tmp_path: Path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    proc, ready = _start("--model", str(model_dir), "--admin-token-file",
+                         str(tmp_path / "token"), "--log-file", str(blocked / "worker.log"))
+    stderr = _stop(proc)
+    assert ready["log_file"] is None
+    assert "cannot write the worker log" in stderr and "--log-file" in stderr
