@@ -1,5 +1,12 @@
 """A text-generation engine on ONNX Runtime. Public API only."""
 
+import os
+
+# ONNX Runtime writes a device id and a telemetry event store under ~/.cache/Microsoft and
+# carries an uploader; the variable, set before onnxruntime is imported, stops both (its
+# disable_telemetry_events() does not). Every entry point imports this package first.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import ConstraintSpec, EngineConfig, GenerateOptions, JsonConstraintSpec
 from engine.engine import Engine

@@ -24,7 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--port", type=int, default=DEFAULT_PORT,
                      help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     net.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but "
-                     "/health")
+                     "/health (visible to local users in the process list: prefer "
+                     "--api-key-file or $ONNX_LOCAL_LLM_API_KEY)")
+    net.add_argument("--api-key-file", type=Path,
+                     help="file (mode 0600) whose first line is the API key")
     net.add_argument("--admin-token-file", type=Path,
                      help="file holding the admin token (created with mode 0600 if missing; "
                      "default: in the user config folder)")

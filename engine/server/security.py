@@ -17,13 +17,14 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import platformdirs
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.errors import EngineError
 from engine.server.errors import ApiError, dialect_of, dumps, error_body
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,36 @@ ADMIN_PATHS = frozenset({"/v1/models/load", "/v1/models/unload", "/v1/library",
                          "/v1/library/roots", "/v1/limits"})
 PUBLIC_PATHS = frozenset({"/health"})
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+#: The API key from the environment (any local user can read a process's command line).
+API_KEY_ENV = "ONNX_LOCAL_LLM_API_KEY"
+
+
+def resolve_api_key(flag: str | None, key_file: Path | None,
+                    environ: Mapping[str, str] = os.environ) -> str | None:
+    """The API key: ``--api-key`` (warned about: argv is public), else ``--api-key-file``
+    (its first line; refused when others may read it), else ``$ONNX_LOCAL_LLM_API_KEY``."""
+    if flag:
+        log.warning("--api-key is visible to every local user in the process list; pass "
+                    "--api-key-file FILE (mode 0600) or set %s instead", API_KEY_ENV)
+        return flag
+    if key_file is not None:
+        path = key_file.expanduser()
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if os.name == "posix" and mode & 0o077:
+                raise EngineError(f"--api-key-file: {path} may be read by other users "
+                                  f"(mode {mode:o})", hint=f"chmod 600 {path}")
+            key = path.read_text(encoding="utf-8").strip().splitlines()
+        except OSError as exc:
+            raise EngineError(f"--api-key-file: cannot read {path}: {exc.strerror or exc}",
+                              hint="give a file holding the key on its first line") from exc
+        if not key or not key[0].strip():
+            raise EngineError(f"--api-key-file: {path} is empty",
+                              hint="write the key on its first line")
+        return key[0].strip()
+    return environ.get(API_KEY_ENV, "").strip() or None
 
 
 def default_admin_token_file() -> Path:

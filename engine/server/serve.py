@@ -31,7 +31,7 @@ from engine.default_model import default_model_dir
 from engine.errors import EngineError
 from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
-from engine.server.security import ensure_admin_token
+from engine.server.security import ensure_admin_token, resolve_api_key
 from engine.server.worker_log import default_log_file, setup, startup_log
 
 log = logging.getLogger("engine.server")
@@ -53,7 +53,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model = default_model_dir()  # a fresh install answers at once (None: not installed)
     return ServerConfig(
         host=args.host, port=args.port, model=model, models_dirs=tuple(args.models_dir),
-        api_key=args.api_key, admin_token=token, admin_token_file=token_file,
+        api_key=resolve_api_key(args.api_key, args.api_key_file), admin_token=token,
+        admin_token_file=token_file,
         cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,
         access_log=args.access_log, session_idle_s=args.session_idle_timeout,

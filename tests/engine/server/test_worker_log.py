@@ -13,10 +13,11 @@ from pathlib import Path
 import httpx
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[str], dict]:
+def _start(*args: str, env: dict[str, str] | None = None
+           ) -> tuple[subprocess.Popen[str], dict]:
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", "0",
                              "--threads", "1", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, proc.stderr.read() if proc.stderr else ""
@@ -76,3 +77,35 @@ def test_an_unwritable_log_folder_falls_back_to_stderr(model_dir: Path, tmp_path
     stderr = _stop(proc)
     assert ready["log_file"] is None
     assert "cannot write the worker log" in stderr and "--log-file" in stderr
+
+
+def _status(url: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).status_code
+
+
+def test_the_api_key_comes_from_a_private_file_or_the_environment(model_dir: Path,
+                                                                  tmp_path: Path):
+    """Not the command line: any local user can read a process's argv."""
+    key_file = tmp_path / "key"
+    key_file.write_text("file-secret\n")
+    key_file.chmod(0o600)
+    common = ["--model", str(model_dir), "--admin-token-file", str(tmp_path / "token")]
+    proc, ready = _start(*common, "--api-key-file", str(key_file))
+    try:
+        assert _status(ready["url"], None) == 401
+        assert _status(ready["url"], "file-secret") == 200
+    finally:
+        _stop(proc)
+    proc, ready = _start(*common, env={**os.environ, "ONNX_LOCAL_LLM_API_KEY": "env-secret"})
+    try:
+        assert _status(ready["url"], "env-secret") == 200
+        assert _status(ready["url"], "file-secret") == 401
+    finally:
+        _stop(proc)
+    key_file.chmod(0o644)
+    refused = subprocess.run([sys.executable, "-m", "engine", "serve", "--port", "0",
+                              *common, "--api-key-file", str(key_file)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert "may be read by other users" in refused.stderr and "chmod 600" in refused.stderr
