@@ -10,8 +10,10 @@
   not empty; an empty suffix there is a plain completion.
 - ``n`` / ``best_of`` above 1 and ``tools`` are refused with a message.
 - ``response_format`` ``json_object`` / ``json_schema`` (chat and completions) constrain
-  the answer to JSON (engine/server/options.py); a closed value ends with ``stop``, an
-  answer cut by ``max_tokens`` mid-value is an error, never truncated JSON.
+  the answer to JSON, this worker's ``regex`` / ``grammar`` types to a regex or a GBNF /
+  Lark grammar (llguidance; engine/server/options.py); a closed value ends with
+  ``stop``, one cut by ``max_tokens`` comes back as OpenAI answers it: the text so far
+  with ``finish_reason: "length"``.
 - Chat with ``X-Session-Id: NAME`` is a turn of a session the worker keeps: the answer is
   the same, but only the part of the conversation the session has not seen is prefilled
   (engine/server/sessions.py has the rules). The response echoes the header.
