@@ -98,6 +98,7 @@ def refusal_words(message: str) -> str:
     tier = "VRAM" if "VRAM" in message or "vram" in message else "RAM"
     where = ("the Resources panel's VRAM limit slider" if tier == "VRAM" else
              "the Resources panel's RAM limit slider (View → Resources panel)")
-    target = f" to at least {need.group(1)}" if need else ""
+    amount = re.sub(r"(\d)([KMGT]?i?B)$", r"\1 \2", need.group(1)) if need else ""
+    target = f" to at least {amount}" if need else ""
     return (f"Not answered: the {tier} limit is too low for this request. Move {where} "
             f"up{target}, or close other chats and send again.")

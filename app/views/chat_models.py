@@ -45,7 +45,8 @@ class ModelPicker(QComboBox):
         if self.ctx.remote:
             caps = self.ctx.remote_caps
             ids = list(getattr(caps, "models", None) or ([loaded] if loaded else []))
-            self._show([(i, i, i == loaded) for i in ids], "this server lists no model")
+            self._show([(i.rstrip("/").rsplit("/", 1)[-1], i, i == loaded) for i in ids],
+                       "this server lists no model")
             return
         reply = self.ctx.client.get("/v1/library", admin=True)
         reply.finished.connect(self._on_library)

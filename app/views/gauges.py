@@ -97,18 +97,27 @@ class GaugesPanel(QWidget):
         if card is None:
             self.provider.setText("Runs on: no model loaded")
             return
-        self.provider.setText(f"Runs on: {provider_words(card)} · {card.get('id', '')}")
+        where = "the remote server" if self.ctx.remote else provider_words(card)
+        self.provider.setText(f"Runs on: {where} · {card.get('id', '')}")
 
     def _on_feed_state(self, state: str) -> None:
         if state in ("down", "retrying", "unsupported"):  # the next snapshot enables them
             self.ram_limit.slider.setEnabled(False)
             self.vram_limit.slider.setEnabled(False)
-        if state == "unsupported":
+        if state == "unsupported":  # a server without figures: nothing old is left shown
             for gauge in (self.vram, self.ram, self.kv):
                 gauge.show_message("not reported", "Not reported by this server.")
             for slider in (self.ram_limit, self.vram_limit):
+                slider.slider.hide()
+                slider.floor_label.setText("")
+                slider.outcome.setText("")
                 slider.label.setText(f"{slider.label.text().split(':')[0]}: not reported "
                                      "by this server")
+            self.throughput.setText("Last answer: speed not reported by this server.")
+            self.chart.show_history([], time.monotonic())
+        elif state == "live":
+            self.ram_limit.slider.show()
+            self.vram_limit.slider.show()
 
     def _on_problem(self, text: str) -> None:
         self.state.setText(text)

@@ -305,7 +305,11 @@ class MainWindow(QMainWindow):
             return
         meta = card.get("meta") or {}
         self.model_label.setText(f"Model: {card.get('id')}")
-        self.device_label.setText(f"Runs on: {device_words(meta.get('provider'))}")
+        if self.ctx.remote:
+            self.device_label.setText("Runs on: the remote server")
+            self.speed_label.setText("")
+        else:
+            self.device_label.setText(f"Runs on: {device_words(meta.get('provider'))}")
 
     def _on_busy(self, label: str) -> None:
         self.progress.setVisible(bool(label))

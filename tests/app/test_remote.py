@@ -88,6 +88,9 @@ def test_chat_code_and_gauges_work_against_a_crlf_framed_server(qtbot, window, s
     qtbot.waitUntil(lambda: panel.ram.bar.message == "not reported", timeout=10_000)
     assert "Not reported by this server" in panel.state.text()
     assert panel.feed.state == "unsupported"
+    assert panel.throughput.text() == "Last answer: speed not reported by this server."
+    assert not panel.ram_limit.slider.isVisible() and panel.ram_limit.floor_label.text() == ""
+    assert window.device_label.text() == "Runs on: the remote server"
 
 
 def test_a_stream_with_no_readable_event_is_a_failure_not_an_empty_answer(qtbot, window,
