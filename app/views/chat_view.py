@@ -28,13 +28,8 @@ from PySide6.QtWidgets import (
 from app.context import AppContext
 from app.store import ChatStore, Conversation, Message
 from app.views import chat_parts
-from app.views.chat_answer import (
-    AnswerEnd,
-    AnswerRun,
-    context_length,
-    cut_point,
-    fits_without_older,
-)
+from app.views.chat_answer import AnswerEnd, AnswerRun
+from app.views.chat_fit import ContextFitting
 from app.views.chat_list import ConversationList
 from app.views.chat_message import MessageWidget
 from app.views.chat_models import ModelPicker
@@ -62,7 +57,7 @@ def title_from(text: str, limit: int = 48) -> str:
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
 
 
-class ChatView(QWidget):
+class ChatView(ContextFitting, QWidget):
     answer_started = Signal()
     answer_finished = Signal(object)  # the store's Message (id, state, content, note, ...)
     exported = Signal(object)  # Path
@@ -262,32 +257,6 @@ class ChatView(QWidget):
         self._render_all()
         return self._answer()
 
-    def drop_oldest(self) -> bool:
-        """Leave the oldest messages (whole exchanges, enough to fit) out of what is sent
-        and send again. They stay in the conversation, marked as not sent."""
-        if self._conv is None or self.answering:
-            return False
-        messages = self.store.sent_messages(self._conv.id)
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
-        if not self._can_leave_out(messages):
-            return False
-        cut = cut_point([len(m.content) for m in messages], users, self._overflow,
-                        context_length(self.ctx), self._answer_room())
-        self.store.set_context_from(self._conv.id, messages[cut].position)
-        self._refresh_conversation()
-        self._render_all()
-        self.banner.hide()
-        return self._answer() if messages[-1].role == "user" else True
-
-    def _answer_room(self) -> int:
-        return max(64, min(self.settings.max_tokens.value(),
-                           (context_length(self.ctx) or 0) // 4))
-
-    def _can_leave_out(self, messages: list[Message]) -> bool:
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
-        return fits_without_older([len(m.content) for m in messages], users, self._overflow,
-                                  context_length(self.ctx), self._answer_room())
-
     def export(self, kind: str) -> Path | None:
         """Save the conversation as Markdown or JSON where the user chooses."""
         exported = export_text(self.store, self._conv, kind)
@@ -340,11 +309,8 @@ class ChatView(QWidget):
         message = self.store.message(end.message_id)
         if end.overflow and not end.text and \
                 end.conversation_id == self.current_conversation_id():
-            self._remove_messages([end.message_id])
-            self._overflow = end.prompt_tokens()
-            sent = self.store.sent_messages(end.conversation_id)
-            self.banner.show_overflow(self._overflow, context_length(self.ctx),
-                                      self._can_leave_out(sent))
+            self._remove_messages([end.message_id])  # the empty answer the app added
+            self._show_overflow(end)
         elif message is not None and (widget := self.transcript.widget_of(message.id)):
             widget.update_from(message, answering=False)
         self._update_buttons()
@@ -402,13 +368,6 @@ class ChatView(QWidget):
     def _cancel_edit(self) -> None:
         self._editing = None
         self.composer.end_edit()
-
-    def _banner_new_chat(self) -> None:
-        last = next((m for m in reversed(self.store.messages(self._conv.id))
-                     if m.role == "user"), None) if self._conv else None
-        self.new_conversation()
-        if last is not None:
-            self.input.setPlainText(last.content)
 
     def _save_settings(self) -> None:
         if self._conv is not None:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
+    QSplitter,
     QStackedWidget,
     QStyle,
     QVBoxLayout,
@@ -209,6 +210,7 @@ class MainWindow(QMainWindow):
             widget.setObjectName(f"view_{key}")
             self.views[key] = widget
             self.stack.addWidget(widget)
+            self._restore_splitter(key, widget)
             self.view_created.emit(key)
         return self.views[key]
 
@@ -342,6 +344,12 @@ class MainWindow(QMainWindow):
         if self.isVisible() and not self._closing:
             self.toggle_gauges.setChecked(visible)
 
+    def _restore_splitter(self, key: str, widget: QWidget) -> None:
+        splitter = getattr(widget, "splitter", None)
+        sizes = self.ctx.settings.value(f"window/splitter_{key}", [])
+        if isinstance(splitter, QSplitter) and sizes and all(isinstance(n, int) for n in sizes):
+            splitter.setSizes(sizes)
+
     def save_state(self) -> None:
         """Save the layout (once the window closed, what it was when it closed stays)."""
         if self._closing and not self.isVisible():
@@ -350,6 +358,10 @@ class MainWindow(QMainWindow):
         s.set_value("window/geometry", bytes(self.saveGeometry().toBase64().data()).decode())
         s.set_value("window/state", bytes(self.saveState().toBase64().data()).decode())
         s.set_value("window/resources_panel", self.toggle_gauges.isChecked())
+        for key, widget in self.views.items():  # the chat's list / transcript divide, ...
+            splitter = getattr(widget, "splitter", None)
+            if isinstance(splitter, QSplitter):
+                s.set_value(f"window/splitter_{key}", splitter.sizes())
         current = self.stack.currentWidget()
         s.set_value("window/view", next((k for k, w in self.views.items() if w is current),
                                         "chat"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 from PySide6.QtGui import QAction
@@ -161,6 +162,8 @@ def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
     first = MainWindow(ctx)
     qtbot.addWidget(first)
     first.show()
+    chat: Any = first.show_view("chat")
+    chat.splitter.setSizes([300, 420])
     first.show_view("code")
     first.toggle_gauges.setChecked(False)
     qtbot.waitUntil(lambda: not first.gauges_dock.isVisible())
@@ -174,6 +177,8 @@ def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
     # (the height: the width stops at the window's minimum, then at the 800-pixel screen)
     assert again.height() == 520
     assert not again.toggle_gauges.isChecked()
+    again_chat: Any = again.show_view("chat")
+    assert again_chat.splitter.sizes()[0] == 300  # the chat list's width
 
 
 def test_first_run_welcome_says_where_the_model_runs_and_where_chats_live(qtbot, window,
