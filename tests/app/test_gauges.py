@@ -301,3 +301,15 @@ def test_a_lost_feed_is_said_in_one_sentence_without_doubled_brackets(qtbot, pat
     assert text.startswith("Lost the worker's figures: the worker did not answer")
     assert "))" not in text and ");" not in text and "Trying again in" in text
     feed.stop()
+
+
+def test_the_preview_says_what_a_lower_limit_will_free_before_it_is_applied(qtbot, ctx):
+    panel = _panel(qtbot, ctx)
+    ram = panel.ram_limit
+    ram.held, ram.held_kv = 300 * MIB, 40 * MIB
+    assert ram.preview(320 * MIB) == ("RAM limit 320 MiB: above what this app holds now "
+                                      "(300 MiB); nothing will be freed.")
+    text = ram.preview(280 * MIB)
+    assert text.startswith("RAM limit 280 MiB: below the 300 MiB this app holds; about "
+                           "20.0 MiB of cached chat memory (KV) will be freed")
+    assert "may be refused" in ram.preview(200 * MIB)  # more than the cached KV
