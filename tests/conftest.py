@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# ONNX Runtime writes its telemetry database under ~/.cache/Microsoft as soon as it is
+# imported (tests.forge imports it, at collection, before any fixture runs) and again when
+# the process exits: off for the whole run, set before that import and never undone.
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
 from tests.forge import (
     ForgeSpec,
     make_tokenizer_files,
@@ -61,8 +66,8 @@ def home_changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
 def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """HOME and the XDG folders (so platformdirs too) point at a temporary folder for the
     whole session, in this process and in every worker or app process a test starts (they
-    inherit the environment). ONNX Runtime's telemetry is off. At the end the session fails
-    if anything under the user's real home changed."""
+    inherit the environment; ONNX Runtime's telemetry is off from the import above). At the
+    end the session fails if anything under the user's real home changed."""
     real = Path(os.environ.get("HOME") or Path.home())
     before = home_snapshot(real)
     home = tmp_path_factory.mktemp("home")
@@ -74,7 +79,6 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                                  ("XDG_RUNTIME_DIR", "runtime")):
             (home / folder).mkdir(parents=True, mode=0o700)
             patch.setenv(variable, str(home / folder))
-        patch.setenv("ORT_DISABLE_TELEMETRY", "1")
         patch.delenv("ONNX_LOCAL_LLM_HOME", raising=False)
         yield home
     changed = home_changes(before, home_snapshot(real))
