@@ -78,6 +78,10 @@ class RemoteCaps:
 
     def words(self) -> str:
         """One sentence for the status: the server, its models, what the app uses."""
+        if self.problems and not self.models:
+            why = self.problems[0].split(": ", 1)[-1].rstrip(".")
+            return (f"The server at {self.url} did not list its models: {why}. Check the "
+                    "URL and that the server is running, then apply again.")
         models = ", ".join(self.models[:3]) + ("…" if len(self.models) > 3 else "")
         gauges = "reported" if self.has_resources else "not reported by this server"
         return (f"Connected to {self.server} at {self.url}: "

@@ -152,3 +152,15 @@ def test_the_remote_selftest_reports_chat_and_completion_through_the_apps_path(
     assert report["chat"]["text"] == standin.ANSWER
     assert report["completion"]["text"] == standin.COMPLETION
     assert report["completion"]["path"] == "suffix" and report["resources_reported"] is False
+
+
+def test_a_server_that_does_not_answer_is_said_so_in_the_status(qtbot, window):
+    port = free_port()  # nobody listens there
+    settings_view: Any = window.show_view("settings")
+    settings_view.remote_url.setText(f"http://127.0.0.1:{port}")
+    with qtbot.waitSignal(window.ctx.remote_probed, timeout=30_000):
+        settings_view.apply_button.click()
+    text = settings_view.result.text()
+    assert text.startswith(f"The server at http://127.0.0.1:{port} did not list its models: "
+                           "the worker did not answer")
+    assert "Check the URL" in text and "))" not in text
