@@ -74,6 +74,11 @@ def test_a_job_cancelled_while_waiting_never_starts_and_errors_propagate():
     try:
         _run(main())
         assert log == ["blocker:engine"]
+        # the engine thread records a job just after its last item reached the caller: wait
+        # for the three records (on a busy machine the check could come first)
+        deadline = time.monotonic() + 60
+        while len(worker.history) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         records = {r.id: r for r in worker.history}  # jobs run together: ids, not order
         assert records[3].error == "ValueError: boom"
         assert records[1].cancelled and records[2].cancelled and records[2].items == 0
