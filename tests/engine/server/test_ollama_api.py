@@ -42,7 +42,7 @@ def test_bodies_without_a_json_content_type_are_read_as_json(server: LiveServer,
     if path == "/api/show":
         assert ".Suffix" in answer["template"]
     else:
-        assert answer["done"] is True and answer["eval_count"] == 8
+        assert answer["done"] is True and 1 <= answer["eval_count"] <= 8  # sampled: EOS may end it
 
 
 @pytest.mark.skipif(CURL is None, reason="curl is not installed")
@@ -54,7 +54,7 @@ def test_the_curl_example_streams_ndjson(server: LiveServer):
                          capture_output=True, text=True, timeout=120, check=True).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert lines[-1]["done"] is True and all(not line["done"] for line in lines[:-1])
-    assert lines[-1]["eval_count"] == 6
+    assert 1 <= lines[-1]["eval_count"] <= 6
 
 
 def test_ps_lists_the_loaded_model(server: LiveServer, engine):
