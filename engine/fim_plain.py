@@ -12,7 +12,11 @@ one by default; extra files, as ``--- path ---`` sections, before it where they 
 - **Healing.** Blanks at the end of the prefix's last line (``return``'s space, an
   indentation) are taken off the prompt and the first generated tokens must spell them
   (BPE rarely ends a text with a lone space: ``" x"`` is one token), then they are dropped
-  from the answer.
+  from the answer. When the cursor starts a line (nothing but blanks before it), the line
+  break before it is healed too: byte-level BPE merges a line break with the next line's
+  indentation (``"\\n    "`` is one token), so a prompt that ends with a bare line break
+  is one the model never saw, and it answers with the indentation missing or another
+  line break (measured: 4 of 300 held-out holes exact without this).
 - **Single or multi-line** (``lines``): ``"single"`` ends the answer at the end of the
   line; ``"multi"`` at a dedent below the completion's first line or at a blank line.
   ``"auto"`` (the default) is single when the cursor is mid-line (the suffix's first line
@@ -185,6 +189,8 @@ def build_prefix_only_ids(tokenizer: Tokenizer, prefix: str, *, budget: int,
     """The prompt ids of a prefix-only infill and the healed blanks (module docstring)."""
     line = prefix.rsplit("\n", 1)[-1]
     heal = line[len(line.rstrip(" \t")):]
+    if not line.strip() and "\n" in prefix:
+        heal = "\n" + line  # the cursor starts a line: its line break is healed too
     text = prefix[:len(prefix) - len(heal)]
     bos = tokenizer.bos_token_id
     ids = [bos] if tokenizer.adds_bos_by_default and bos is not None else []

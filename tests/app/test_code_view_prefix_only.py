@@ -22,7 +22,7 @@ SCENARIOS = {
                          ({")": FIRST, "g": SECOND}, "()", ")", "\n")),
     # a new line: the model's first choice is another line break
     "new_line": Scenario("import os\n", "\nprint(x)\n",
-                         ({"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n", "\n")),
+                         ("\n", {"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n", "\n")),
 }
 
 

@@ -31,17 +31,20 @@ GREEDY = GenerateOptions(temperature=0.0, max_new_tokens=24)
 
 SCENARIOS = {
     # a blank line at the cursor: the model's first choice is another line break
+    # (the cursor starts a line: the line break before it is healed, so the model's first
+    # token spells it again, as it would in a file where "\n" merges with what follows)
     "newline_first": Scenario("import os\n", "\nprint(x)\n",
-                              ({"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n", "\n", "\n")),
+                              ("\n", {"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n", "\n",
+                               "\n")),
     # mid-line: the suffix closes the bracket, and the model wants to close it at once
     "mid_line": Scenario("x = foo(", ")\n", ({")": FIRST, "a": SECOND}, ",", " b", ")", "\n")),
     # a block: ends at the dedent, where the engine stops generating
-    "dedent": Scenario("def area(r):\n", "\n", ("   ", " return", " a", "\n", "x", " =",
-                                                 " ", "1", "\n", "y", " =")),
+    "dedent": Scenario("def area(r):\n", "\n", ("\n", "   ", " return", " a", "\n", "x",
+                                                 " =", " ", "1", "\n", "y", " =")),
     # the suffix's next line, reproduced, ends the answer
     "suffix_line": Scenario("def area(r):\n", "\n    return a\n",
-                            ("   ", " ", "y", " =", " ", "1", "\n", "   ", " return", " a",
-                             "\n")),
+                            ("\n", "   ", " ", "y", " =", " ", "1", "\n", "   ", " return",
+                             " a", "\n")),
     # the blank after "return" is healed: the first token must spell it
     "healed": Scenario("def area(r):\n    return ", "\n\nprint(area(2))\n",
                        ({"x": FIRST, " a": SECOND}, "\n", "\n")),
@@ -70,8 +73,11 @@ def test_a_model_without_fim_tokens_gets_the_prefix_only_layout(scripted):
     request = engine.fim_request(scenario.prefix, scenario.suffix, GREEDY)
     assert isinstance(request, PrefixOnlyRequest) and engine.fim_family is None
     assert fim_layout(engine.fim_family, engine.tokenizer) == PREFIX_ONLY
-    # the prompt is the code before the cursor and nothing else
-    assert list(request.token_ids or ()) == engine.tokenizer.encode(scenario.prefix,
+    # the prompt is the code before the cursor and nothing else, but the line break the
+    # cursor's line starts with (healed: the answer's first token spells it)
+    assert scenario.prefix.endswith("\n") and request.rules is not None
+    assert request.rules.heal == "\n"
+    assert list(request.token_ids or ()) == engine.tokenizer.encode(scenario.prefix[:-1],
                                                                     parse_special=False)
 
 
@@ -93,10 +99,11 @@ def test_mid_line_is_one_line_without_the_brackets_the_suffix_has(scripted):
 def test_a_block_ends_at_the_dedent_and_generation_stops_there(scripted):
     _, result = _answer(scripted, "dedent")
     assert result.text == "    return a"
-    # stopped at the dedent's first visible token, not at max_new_tokens
-    assert len(result.token_ids) == 5 and result.finish_reason.kind == "eos_token"
+    # stopped at the dedent's first visible token, not at max_new_tokens (the first of the
+    # six tokens is the healed line break)
+    assert len(result.token_ids) == 6 and result.finish_reason.kind == "eos_token"
     _, single = _answer(scripted, "dedent", lines="single")
-    assert single.text == "    return a" and len(single.token_ids) == 4  # its line break
+    assert single.text == "    return a" and len(single.token_ids) == 5  # its line break
 
 
 def test_the_suffix_next_line_reproduced_ends_the_answer(scripted):
@@ -154,7 +161,9 @@ def _bos_tokenizer(folder: Path) -> Tokenizer:
 def test_bos_first_when_the_tokenizer_adds_one(tmp_path):
     tokenizer = _bos_tokenizer(tmp_path / "bos")
     ids, heal = build_prefix_only_ids(tokenizer, "x = 1\n", budget=64)
-    assert ids == [0, *tokenizer.encode("x = 1\n", parse_special=False)] and heal == ""
+    assert ids == [0, *tokenizer.encode("x = 1", parse_special=False)] and heal == "\n"
+    ids, heal = build_prefix_only_ids(tokenizer, "x = (", budget=64)
+    assert ids == [0, *tokenizer.encode("x = (", parse_special=False)] and heal == ""
     assert build_prefix_only_ids(tokenizer, "", budget=64)[0] == [0]
 
 

@@ -23,8 +23,11 @@ SCENARIOS = {
                          ({")": FIRST, "a": SECOND}, ",", " b", ")", "\n")),
     # the cursor on a new line: the model's first choice is another line break
     "newline_first": Scenario("import os\n", "\nprint(x)\n",
-                              ({"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n", "\n")),
-    "dedent": Scenario("def area(r):\n", "\n", ("   ", " return", " a", "\n", "x", " =")),
+                              ("\n", {"\n": FIRST, "x": SECOND}, " =", " ", "1", "\n",
+                               "\n")),
+    # (a line-start cursor's line break is healed: the first token spells it again)
+    "dedent": Scenario("def area(r):\n", "\n", ("\n", "   ", " return", " a", "\n", "x",
+                                                 " =")),
     # Tabby's and Continue's request: after "return " (the blank is healed)
     "healed": Scenario("def area(r):\n    return ", "\n\nprint(area(2))\n",
                        ({"x": FIRST, " a": SECOND}, "\n", "\n", "x")),
@@ -74,7 +77,7 @@ def test_infill_multi_line_stops_at_the_dedent(scripted):
     with live.client() as http:
         body = http.post("/infill", json=_infill_body(scenarios["dedent"])).json()
     assert body["content"] == "    return a" and body["fim_stop"] == "dedent"
-    assert body["tokens_predicted"] == 5  # the engine stopped at the dedent
+    assert body["tokens_predicted"] == 6  # the healed line break, then up to the dedent
 
 
 def test_infill_stream_never_sends_text_that_is_trimmed(scripted):
