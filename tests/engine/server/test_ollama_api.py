@@ -57,12 +57,15 @@ def test_the_curl_example_streams_ndjson(server: LiveServer):
     assert 1 <= lines[-1]["eval_count"] <= 6
 
 
-def test_ps_lists_the_loaded_model(server: LiveServer, engine):
-    with server.client() as http:
+def test_ps_lists_the_loaded_model_and_when_it_expires(own_server: LiveServer, engine):
+    with own_server.client() as http:
         models = http.get("/api/ps").json()["models"]
-    assert [m["name"] for m in models] == [MODEL_NAME]
-    assert models[0]["context_length"] == engine.context_length
-    assert models[0]["size"] > 0 and _days_left(models[0]["expires_at"]) > 365  # for good
+        assert [m["name"] for m in models] == [MODEL_NAME]
+        assert models[0]["context_length"] == engine.context_length
+        assert models[0]["size"] > 0 and _days_left(models[0]["expires_at"]) > 365  # for good
+        http.post("/api/generate", json={"model": MODEL_NAME, "keep_alive": 1800})  # Continue's
+        expires = http.get("/api/ps").json()["models"][0]["expires_at"]
+    assert 0 < _days_left(expires) <= 1800 / 86400  # at most 30 minutes from now
 
 
 def test_show_has_the_fields_continue_reads(server: LiveServer, engine):
