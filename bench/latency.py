@@ -13,8 +13,10 @@ events, and this script the speed).
 - ``warmup_answer_ms``: llama.vim's cache warm-up (``/infill`` with ``n_predict: 0``)
   answered; goal < 500 ms.
 - ``limit_change_ms``: ``PUT /v1/limits`` while a generation streams; goal < 500 ms.
-- ``budget_late_ms``: how far past ``t_max_predict_ms: 60`` the answer stopped; goal <=
-  two tokens + 5 ms (the token that crossed it, and the one already under way).
+- ``budget_late_ms``: how far past ``t_max_predict_ms: 60`` the answer stopped, beyond
+  two tokens + 5 ms. Since issue 19 the budget follows llama.cpp: it ends the answer at the
+  first line break after it, so this includes the wait for that line (no longer a
+  two-token goal; the answer stops at a line's end, never mid-line).
 
     python -m bench.latency [--rounds 5] [--only worker,store,server]
 
