@@ -11,7 +11,9 @@ from typing import Any
 
 from app.paths import AppPaths, resources_dir
 
-DEFAULT_MODEL = "default-coder"
+#: The built-in model (the same folder as engine.default_model.DEFAULT_MODEL_NAME; named
+#: here too so that the window opens before the engine is imported).
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def default_model() -> Path | None:

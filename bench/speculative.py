@@ -192,7 +192,7 @@ def resolve_model(name: str) -> Path:
         from bench.decode import build_models
 
         return build_models(OUT, [name])[name]
-    path = REPO / "resources" / "models" / "default-coder" if name == "default-coder" \
+    path = REPO / "tools" / "models" / "default-coder" if name == "default-coder" \
         else Path(name)
     if not (path / "genai_config.json").is_file():
         raise SystemExit(f"{path} is not an onnxruntime-genai model folder")

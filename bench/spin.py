@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-DEFAULT_MODEL = REPO / "resources" / "models" / "default-coder"
+DEFAULT_MODEL = REPO / "tools" / "models" / "default-coder"
 
 
 def _cpu_s() -> float:

@@ -1,8 +1,9 @@
-"""Where the small default code model that ships with the app lives.
+"""Where the built-in model that ships with the app lives.
 
-``resources/models/default-coder`` (trained by ``tools/train_default_model.py``) makes a
-fresh install chat and complete code offline. In the source tree it is under the repository
-root; in a frozen (PyInstaller) app under ``sys._MEIPASS``.
+``resources/models/smollm2-135m-instruct`` (SmolLM2-135M-Instruct, int4, built by
+``tools/import_default_model.py``) makes a fresh install chat and complete code offline.
+In the source tree it is under the repository root; in a frozen (PyInstaller) app under
+``sys._MEIPASS``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL_NAME = "default-coder"
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 _RELATIVE = Path("resources") / "models" / DEFAULT_MODEL_NAME
 
 

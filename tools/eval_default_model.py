@@ -26,7 +26,7 @@ from tools.default_model.card import render_card  # noqa: E402
 from tools.default_model.corpus import load_corpus  # noqa: E402
 from tools.default_model.evaluate import fim_exact_match, fim_holes, perplexity  # noqa: E402
 
-DEFAULT_MODEL = ROOT / "resources" / "models" / "default-coder"
+DEFAULT_MODEL = ROOT / "tools" / "models" / "default-coder"
 
 
 def samples(model_dir: Path, threads: int) -> dict[str, str]:
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json-out", type=Path)
     p.add_argument("--show", type=int, default=0, help="print this many FIM holes")
+    p.add_argument("--orders", default="psm,spm,none",
+                   help="FIM layouts to score: psm, spm, none (the prefix as a plain prompt) "
+                   "and auto (the model's own layout: prefix-only without FIM tokens)")
+    p.add_argument("--no-samples", action="store_true", help="skip the sample generations")
+    p.add_argument("--no-ppl", action="store_true",
+                   help="skip perplexity (windows of the whole context: slow on a long one)")
     p.add_argument("--card", action="store_true",
                    help="write MODEL_CARD.md (and eval.json) into the model folder")
     args = p.parse_args(argv)
@@ -66,25 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_corpus()
     tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     decoder = json.loads((args.model / "genai_config.json").read_text())["model"]
-    ppl = perplexity(args.model, tok, corpus.train, corpus.heldout,
-                     int(decoder["context_length"]), int(decoder["decoder"]["head_size"]),
-                     args.threads)
     holes = fim_holes(tok, corpus.heldout, args.holes, args.seed)
-    report: dict[str, object] = {
-        "heldout_files": len(corpus.heldout), "heldout_tokens": ppl.tokens,
-        "model_ppl": round(ppl.model_ppl, 2), "unigram_ppl": round(ppl.unigram_ppl, 2),
-        "unigram_over_model": round(ppl.ratio, 2)}
-    for order in ("psm", "spm", "none"):
+    report: dict[str, object] = {"heldout_files": len(corpus.heldout)}
+    if not args.no_ppl:
+        ppl = perplexity(args.model, tok, corpus.train, corpus.heldout,
+                         int(decoder["context_length"]), int(decoder["decoder"]["head_size"]),
+                         args.threads)
+        report.update({"heldout_tokens": ppl.tokens, "model_ppl": round(ppl.model_ppl, 2),
+                       "unigram_ppl": round(ppl.unigram_ppl, 2),
+                       "unigram_over_model": round(ppl.ratio, 2)})
+    for order in args.orders.split(","):
         result = fim_exact_match(args.model, holes, order, threads=args.threads)
         code_exact, code_n = result.by_kind("code")
-        key = "next_line" if order == "none" else f"fim_{order}"
+        key = {"none": "next_line", "auto": "fim_auto"}.get(order, f"fim_{order}")
         report[key] = {"n": result.n, "exact": result.exact, "rate": round(result.rate, 4),
                        "code_n": code_n, "code_exact": code_exact,
                        "code_rate": round(code_exact / max(1, code_n), 4)}
-        if order == "psm":
+        if order == args.orders.split(",")[0]:
             for hole, got, ok in result.per_hole[: args.show]:
                 print(f"{'OK ' if ok else 'BAD'} {hole.line!r} -> {got!r}")
-    report["samples"] = samples(args.model, args.threads)
+    if not args.no_samples:
+        report["samples"] = samples(args.model, args.threads)
     report["eval_s"] = round(time.time() - began, 1)
     text = json.dumps(report, indent=2)
     print(text)

@@ -1,4 +1,4 @@
-"""Train the default code model and export it to ``resources/models/default-coder``.
+"""Train the default code model and export it to ``tools/models/default-coder``.
 
 A development tool (needs PyTorch, CPU is enough; not an app dependency). From the
 repository root::
@@ -37,7 +37,7 @@ from tools.default_model.samples import Mix, SampleBuilder  # noqa: E402
 from tools.default_model.tokenizer import train_tokenizer  # noqa: E402
 from tools.default_model.train import TrainConfig, train  # noqa: E402
 
-DEFAULT_OUT = ROOT / "resources" / "models" / "default-coder"
+DEFAULT_OUT = ROOT / "tools" / "models" / "default-coder"
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

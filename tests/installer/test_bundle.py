@@ -3,7 +3,7 @@ worker as ``<exe> --worker serve``, and the window (offscreen) with its worker.
 
 Slow, and skipped unless ``PACKAGE_TEST=1`` is set or a bundle exists in dist/
 (``make package-test`` builds one and runs this). Without the default model in the
-bundle (resources/models/default-coder), the self-test loads a forged model instead.
+bundle (resources/models/smollm2-135m-instruct), the self-test loads a forged model instead.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from engine.default_model import DEFAULT_MODEL_NAME
 from installer import bundle_config as cfg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def bundle() -> Path:
 
 
 def bundled_default_model(bundle: Path) -> Path | None:
-    folder = bundle / "_internal" / "resources" / "models" / "default-coder"
+    folder = bundle / "_internal" / "resources" / "models" / DEFAULT_MODEL_NAME
     return folder if (folder / "genai_config.json").is_file() else None
 
 

@@ -237,7 +237,7 @@ def test_qt_file_filter(dest: str, kept: bool) -> None:
 
 def test_resource_junk_filter() -> None:
     assert cfg.is_resource_junk("resources/models/__pycache__/x.pyc")
-    assert not cfg.is_resource_junk("resources/models/default-coder/model.onnx")
+    assert not cfg.is_resource_junk("resources/models/smollm2-135m-instruct/model.onnx")
 
 
 # --- the build script ---------------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_a_rename_edit_sample_shows_the_function_asks_for_a_rename_and_weighs_th
     from tools.default_model.corpus import SourceFile, edit_examples
     from tools.default_model.samples import SampleBuilder
 
-    tok_file = Path(__file__).resolve().parents[2] / "resources" / "models" / "default-coder" \
+    tok_file = Path(__file__).resolve().parents[2] / "tools" / "models" / "default-coder" \
         / "tokenizer.json"
     if not tok_file.is_file():
         pytest.skip("the default model's tokenizer is absent")
@@ -74,7 +74,7 @@ def test_a_hole_on_a_first_line_counts_as_a_miss_for_next_line_prediction() -> N
 
     from tools.default_model.evaluate import FimHole, fim_exact_match
 
-    model = Path(__file__).resolve().parents[2] / "resources" / "models" / "default-coder"
+    model = Path(__file__).resolve().parents[2] / "tools" / "models" / "default-coder"
     holes = [FimHole("a.py", "", "x = 1\n", "import os"),
              FimHole("a.py", "import os\n", "", "x = 1")]
     result = fim_exact_match(model, holes, order="none", max_new_tokens=4, threads=1)

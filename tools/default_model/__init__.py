@@ -1,2 +1,2 @@
 """Training, export and evaluation of the small default code model shipped in
-``resources/models/default-coder`` (a development tool: needs PyTorch, not part of the app)."""
+``tools/models/default-coder`` (a development tool: needs PyTorch, not part of the app)."""

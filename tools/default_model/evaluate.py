@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,14 +176,19 @@ def fim_exact_match(model_dir: Path, holes: list[FimHole], order: str = "psm",
     """Greedy infill of each hole through the engine's FIM path; stop at a newline or a FIM
     stop token; exact match of the first line after stripping trailing whitespace.
     ``order`` "none": the prefix alone as a plain prompt (next-line prediction without the
-    suffix, the baseline that shows what the suffix adds)."""
+    suffix, the baseline that shows what the suffix adds); "auto": ``Engine.fim_request``
+    in the model's own layout for a one-line answer (the prefix-only layout for a model
+    without FIM tokens), what the Code pane and ``/infill`` get."""
     engine = Engine.load(model_dir, EngineConfig(intra_op_threads=threads))
     options = GenerateOptions(max_new_tokens=max_new_tokens, temperature=0.0,
                               stop_sequences=("\n",))
     rows = []
     try:
         for hole in holes:
-            if order == "none":
+            if order == "auto":  # the model's own layout, as the Code pane gets it
+                request = engine.fim_request(hole.prefix, hole.suffix, GenerateOptions(
+                    max_new_tokens=max_new_tokens, temperature=0.0), lines="single")
+            elif order == "none":
                 ids = tuple(engine.tokenizer.encode(hole.prefix))
                 if not ids:  # a hole on a file's first line: nothing to continue from
                     rows.append((hole, "", False))
@@ -193,6 +199,9 @@ def fim_exact_match(model_dir: Path, holes: list[FimHole], order: str = "psm",
                                              order="spm" if order == "spm" else "psm")
             text = engine.generate(request).text.split("\n")[0]
             rows.append((hole, text, text.rstrip() == hole.line.rstrip()))
+            if len(rows) % 50 == 0:  # progress: a run takes minutes
+                print(f"{order}: {len(rows)}/{len(holes)} holes, "
+                      f"{sum(ok for _, _, ok in rows)} exact", file=sys.stderr, flush=True)
     finally:
         engine.close()
     return FimResult(len(rows), sum(ok for _, _, ok in rows), tuple(rows))
