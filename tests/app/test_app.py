@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +16,18 @@ from PySide6.QtWidgets import QDialog
 from app.context import AppContext
 from app.store import ChatStore
 from app.views.main_window import VIEWS, MainWindow
-from tests.app.conftest import SLOW, TINY, answers_of
+from tests.app.conftest import TINY, answers_of
+from tests.engine.server.live import SLOW_SPEC, write_model
 
 KILLS = 10
+
+
+@pytest.fixture(scope="module")
+def slow_4k(tmp_path_factory) -> Path:
+    """``slow-coder`` with a 4,096-token context: twenty exchanges fit, however much of
+    each killed answer streamed before its kill (more on a busy machine)."""
+    return write_model(tmp_path_factory.mktemp("slow-4k") / "slow-coder-4k",
+                       replace(SLOW_SPEC, context=4096))
 
 
 @pytest.fixture
@@ -56,21 +67,20 @@ def test_every_view_opens_and_the_status_bar_says_where_the_model_runs(qtbot, wi
     assert not window.banner.isVisible()
 
 
-def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_root):
+def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, slow_4k):
     ctx = window.ctx
-    start(qtbot, window, str(models_root / SLOW))
+    start(qtbot, window, str(slow_4k))
     chat = window.show_view("chat")
     worker = ctx.worker
     assert worker is not None
     # every wait is generous (a busy machine slows a restart and a long history's prefill
     # many times over): what is held is that each event comes, not how fast
     for round_ in range(KILLS):
-        # a long answer streams, and the worker dies under it (the context holds 1024
-        # tokens: answers are kept short so that twenty exchanges fit)
+        # a long answer streams, and the worker dies under it
         chat.settings.sampling = answers_of(400)
         assert chat.send(f"question {round_}")
+        answer_streams(qtbot, ctx, chat)
         before = len(chat.message_widgets())
-        qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= 8, timeout=120_000)
         pid = worker.pid
         assert pid is not None
         with qtbot.waitSignal(worker.died, timeout=120_000):
@@ -98,6 +108,24 @@ def test_killed_worker_mid_answer_loses_nothing_ten_times(qtbot, window, models_
         text for r in range(KILLS) for text in (f"question {r}", f"and again {r}")]
     assert all(m.content for m in messages)
     fresh.close()
+
+
+def answer_streams(qtbot, ctx: AppContext, chat, chars: int = 8) -> None:
+    """Wait until the answer being written has ``chars`` characters. A history grown past
+    the model's context ends the answer with the chat's banner instead: leave the oldest
+    exchanges out of what is sent, as its button does, and wait again (on a busy machine
+    more of each killed answer streams before the kill lands, and ten rounds outgrow the
+    forged model's 1,024 tokens)."""
+    def streaming_or_full() -> bool:
+        if chat.banner.isVisible():
+            return True
+        last = ctx.store.messages(chat.current_conversation_id())[-1]
+        return last.role == "assistant" and len(last.content) >= chars
+
+    qtbot.waitUntil(streaming_or_full, timeout=120_000)
+    if chat.banner.isVisible():
+        assert chat.drop_oldest()
+        qtbot.waitUntil(lambda: len(last_answer(ctx, chat).content) >= chars, timeout=120_000)
 
 
 def last_answer(ctx: AppContext, chat):
