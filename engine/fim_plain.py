@@ -44,7 +44,8 @@ from engine.api import GenerateEvent, GenerateRequest
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError
 from engine.fim import FimFamily, FimFile
-from engine.fim_trim import CompletionTrimmer
+from engine.fim_sampler import LineStartSampler, chain_options
+from engine.fim_trim import CompletionRules, CompletionTrimmer
 from engine.stopping import EOS_TOKEN
 from engine.tokenizer import Tokenizer
 
@@ -56,33 +57,6 @@ DEFAULT_BUDGET = 512
 #: Tokens kept free for the answer: at most this many, and at most a quarter of the context.
 MAX_RESERVE = 256
 _CUT_STEP = 8
-_OPEN_ENDS = frozenset("([{,=+-*/%<>&|^~!.:")  # a line ending so wants more on it
-_BLOCK_ENDS = frozenset(":{")  # ...unless it opens a block (its body goes below)
-
-
-@dataclass(frozen=True)
-class CompletionRules:
-    """What shapes one prefix-only answer; built by :func:`prefix_only_request`."""
-
-    multiline: bool
-    #: The cursor's line up to the cursor, as the user has it.
-    line_prefix: str
-    suffix: str
-    #: Blanks taken off the prompt's end; the answer starts with them (then dropped).
-    heal: str = ""
-
-    @property
-    def masks_line_start(self) -> bool:
-        """Whether the first visible character must come before any line break."""
-        line = self.line_prefix
-        if not line.strip() or self.suffix.split("\n", 1)[0].strip():
-            return True  # a blank line, or mid-line
-        if line[-1] in " \t":
-            return True
-        last = line.rstrip()[-1]
-        return last in _OPEN_ENDS and last not in _BLOCK_ENDS
-
-
 @dataclass(frozen=True)
 class PrefixOnlyRequest(GenerateRequest):
     """A prefix-only infill: a plain request plus the rules that trim its answer (the
@@ -208,8 +182,6 @@ def prefix_only_request(
     lines: str = "auto", budget: int | None = None,
 ) -> PrefixOnlyRequest:
     """The request of one prefix-only infill (its sampler masks the first tokens)."""
-    from engine.fim_sampler import LineStartSampler, chain_options
-
     multiline = resolve_lines(lines, suffix, options)
     limit = max(1, max_total - reserve_for(options, max_total))
     budget = min(limit, DEFAULT_BUDGET if budget is None else max(1, budget))

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engine.config import GenerateOptions
-from engine.fim_plain import CompletionRules
-from engine.fim_trim import first_unmatched_closer
+from engine.fim_trim import CompletionRules, first_unmatched_closer
 from engine.logits import ProcessorContext, apply_processors, make_logits_processors
 from engine.sampling import Sampler, SamplerContext, make_sampler
 from engine.tokenizer import Tokenizer

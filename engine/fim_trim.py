@@ -26,10 +26,7 @@ stop generating. :func:`trim_completion` is the same on a whole text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from engine.fim_plain import CompletionRules
+from typing import NamedTuple
 
 _OPENERS = frozenset("([{")
 _CLOSERS = frozenset(")]}")
@@ -39,6 +36,33 @@ _SUFFIX_SCAN = 4000
 _MAX_OVERLAP = 200
 #: Shorter rests of the line (a lone ")" or ":") only trim by overlap, at the end.
 _MIN_REPRODUCED = 2
+
+
+_OPEN_ENDS = frozenset("([{,=+-*/%<>&|^~!.:")  # a line ending so wants more on it
+_BLOCK_ENDS = frozenset(":{")  # ...unless it opens a block (its body goes below)
+
+
+@dataclass(frozen=True)
+class CompletionRules:
+    """What shapes one prefix-only answer; built by :func:`engine.fim_plain.prefix_only_request`."""
+
+    multiline: bool
+    #: The cursor's line up to the cursor, as the user has it.
+    line_prefix: str
+    suffix: str
+    #: Blanks taken off the prompt's end; the answer starts with them (then dropped).
+    heal: str = ""
+
+    @property
+    def masks_line_start(self) -> bool:
+        """Whether the first visible character must come before any line break."""
+        line = self.line_prefix
+        if not line.strip() or self.suffix.split("\n", 1)[0].strip():
+            return True  # a blank line, or mid-line
+        if line[-1] in " \t":
+            return True
+        last = line.rstrip()[-1]
+        return last in _OPEN_ENDS and last not in _BLOCK_ENDS
 
 
 class _Brackets:

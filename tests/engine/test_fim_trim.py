@@ -7,8 +7,12 @@ import random
 
 import pytest
 
-from engine.fim_plain import CompletionRules
-from engine.fim_trim import CompletionTrimmer, first_unmatched_closer, trim_completion
+from engine.fim_trim import (
+    CompletionRules,
+    CompletionTrimmer,
+    first_unmatched_closer,
+    trim_completion,
+)
 
 
 def rules(prefix: str, suffix: str, *, multi: bool) -> CompletionRules:
