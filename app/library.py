@@ -13,8 +13,8 @@ Known locations, listed when present:
   moved with ``foundry cache cd`` is not followed: add that folder by hand);
 - the app's own download folder (``AppPaths.models_dir``).
 
-Inspection reads metadata and the ONNX graph's structure (``engine.model_dir``,
-``engine.onnx_scan``: no weights are read, nothing runs) and the tokenizer (FIM family,
+Inspection reads metadata and the ONNX graph's structure (``engine.model.model_dir``,
+``engine.model.onnx_scan``: no weights are read, nothing runs) and the tokenizer (FIM family,
 chat template). No Qt widgets here; :class:`ScanTask` runs a scan on a pool thread.
 """
 
@@ -31,8 +31,8 @@ from PySide6.QtCore import QObject, QRunnable, Signal
 
 from app.paths import resources_dir
 from engine.errors import EngineError
-from engine.model_dir import load_model_dir
-from engine.onnx_scan import ScanError, scan_onnx
+from engine.model.model_dir import load_model_dir
+from engine.model.onnx_scan import ScanError, scan_onnx
 
 MODEL_MARKERS = ("genai_config.json", "inference_metadata.yaml")
 FORMAT_LABELS = {"genai": "genai", "metadata": "ours", "optimum": "optimum",
@@ -278,8 +278,8 @@ def _quantization(quant: str, outputs: Mapping[str, Any]) -> str:
 
 def _tokenizer_facts(folder: Path) -> tuple[str | None, bool, str | None]:
     """(FIM family, has a chat template, problem)."""
-    from engine.fim import detect_fim_family
-    from engine.tokenizer import Tokenizer
+    from engine.text.fim import detect_fim_family
+    from engine.text.tokenizer import Tokenizer
 
     try:
         tokenizer = Tokenizer.from_dir(folder)
@@ -346,7 +346,7 @@ _PROVIDER_LABELS = {"cpu": "CPU", "cuda": "GPU (CUDA)", "directml": "GPU (Direct
 
 
 def gpu_runtime_installed() -> bool:
-    from engine.runtime import installed_ort_variants
+    from engine.runtime.providers import installed_ort_variants
 
     return any(v in ("onnxruntime-gpu", "onnxruntime-directml")
                for v in installed_ort_variants())

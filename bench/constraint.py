@@ -4,7 +4,7 @@ without a schema (bench/constraint.md has the figures).
 Two vocabularies:
 
 - ``builtin``: the tokenizer of ``--model`` (default: the built-in model,
-  ``engine.default_model``);
+  ``engine.model.default_model``);
 - ``150k``: that tokenizer's ``tokenizer.json`` grown to 150,000 ids (Qwen2.5/Llama-3
   size) with tokens made of two existing ones (byte-level, so llguidance sees real byte
   strings); its merges are the original ones, which is all a mask needs.
@@ -107,10 +107,10 @@ def sampled_runs(folder: Path, schemas: dict[str, dict[str, Any]], generations: 
                  max_tokens: int = 400) -> dict[str, Any]:
     import jsonschema
 
-    import engine.guidance as guidance
+    import engine.generation.guidance as guidance
     from engine.config import ConstraintSpec
-    from engine.logits import ProcessorContext
-    from engine.tokenizer import Tokenizer
+    from engine.generation.logits import ProcessorContext
+    from engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(folder)
     vocab = tokenizer.vocab_size
@@ -163,7 +163,7 @@ def sampled_runs(folder: Path, schemas: dict[str, dict[str, Any]], generations: 
 
 def engine_runs(folder: Path, requests: int, new_tokens: int = 96) -> dict[str, Any]:
     from engine import ConstraintSpec, Engine, EngineConfig, GenerateOptions, GenerateRequest
-    from engine.guidance import TokenConstraint
+    from engine.generation.guidance import TokenConstraint
 
     spent: list[float] = []  # the constraint processor's own time, every token
     original = TokenConstraint.apply
@@ -202,7 +202,7 @@ def engine_runs(folder: Path, requests: int, new_tokens: int = 96) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.default_model import default_model_dir
+    from engine.model.default_model import default_model_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=default_model_dir(),

@@ -48,8 +48,8 @@ def source_text(tokenizer: Any, tokens: int) -> str:
 
 def edit_prompts(model: Path, edits: int) -> list[list[int]]:
     """Prompt ids of the first request and of each request after one typed character."""
-    from engine.fim import build_fim_ids, require_fim
-    from engine.tokenizer import Tokenizer
+    from engine.text.fim import build_fim_ids, require_fim
+    from engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(model)
     family = require_fim(tok)

@@ -132,9 +132,9 @@ def step_worker(model: Path, threads: int, lut: bool) -> dict[str, Any]:
     of one fixed step (to compare variants bit for bit)."""
     import numpy as np
 
-    from engine.decode_gqa import KVBank
-    from engine.io_spec import resolve_io
-    from engine.model_dir import load_model_dir
+    from engine.model.io_spec import resolve_io
+    from engine.model.model_dir import load_model_dir
+    from engine.runtime.decode_gqa import KVBank
 
     info = load_model_dir(model)
     spec = resolve_io(info.graph.inputs, info.graph.outputs, info.declared,

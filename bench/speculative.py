@@ -99,7 +99,7 @@ def agreement_sources() -> list[str]:
 
 
 def worker(arm: str, model: Path, task: str, new_tokens: int, threads: int) -> dict[str, Any]:
-    from engine.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(model)
     context = json.loads((model / "genai_config.json").read_text())["model"]["context_length"]
@@ -215,7 +215,7 @@ def task_lengths(args: argparse.Namespace, model: Path, eos: set[int]) -> dict[s
 
 
 def run_comparison(args: argparse.Namespace, model: Path) -> dict[str, Any]:
-    from engine.model_dir import load_model_dir
+    from engine.model.model_dir import load_model_dir
 
     eos = set(load_model_dir(model).eos_token_ids)
     lengths = task_lengths(args, model, eos)

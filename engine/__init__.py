@@ -24,9 +24,9 @@ from engine.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-from engine.sampling import CustomSampler, SamplerContext
-from engine.stopping import FinishReason
-from engine.tokenizer import ChatMessage
+from engine.generation.sampling import CustomSampler, SamplerContext
+from engine.generation.stopping import FinishReason
+from engine.text.tokenizer import ChatMessage
 
 __all__ = [
     "CancelledError",

@@ -118,7 +118,7 @@ def _token_ids(raw: str) -> tuple[int, ...]:
 
 def _generate(args: argparse.Namespace) -> int:
     from engine.engine import Engine, GenerateRequest
-    from engine.tokenizer import ChatMessage
+    from engine.text.tokenizer import ChatMessage
 
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, max_context=args.max_context,
@@ -167,7 +167,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from engine.describe import inspect_model
+    from engine.model.describe import inspect_model
 
     report = inspect_model(args.model)
     if args.json:

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError, InvalidPromptError
-from engine.sampling import CustomSampler, TokenLogprob
-from engine.speculative import SpeculativeStats
-from engine.stopping import FinishReason
-from engine.tokenizer import ChatMessage
+from engine.generation.sampling import CustomSampler, TokenLogprob
+from engine.generation.speculative import SpeculativeStats
+from engine.generation.stopping import FinishReason
+from engine.text.tokenizer import ChatMessage
 
 
 @dataclass(frozen=True)

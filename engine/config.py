@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from engine.errors import InvalidOptionError
+from engine.generation.constraint import ConstraintSpec as ConstraintSpec
+from engine.generation.constraint import JsonConstraintSpec as JsonConstraintSpec
 
 #: A stop sequence is text (matched on decoded output) or a run of token ids.
 StopSequence = str | tuple[int, ...]
@@ -40,70 +41,6 @@ def _check_float(
         )
 
 
-ConstraintKind = Literal["json_object", "json_schema", "grammar", "regex"]
-_KINDS = ("json_object", "json_schema", "grammar", "regex")
-
-
-@dataclass(frozen=True)
-class ConstraintSpec:
-    """What the output must be, compiled by llguidance (``engine.guidance``):
-
-    - ``json_object``: any JSON value (an object only when ``object_only``);
-    - ``json_schema``: a value matching ``schema`` (JSON Schema as llguidance supports it:
-      ``$ref``/``$defs``, ``oneOf``/``anyOf``/``allOf``, ``pattern``, numeric bounds,
-      lengths, ``format``, ``enum``/``const``...);
-    - ``grammar``: ``text`` is a GBNF (llama.cpp) or Lark grammar;
-    - ``regex``: ``text`` is a regular expression the whole output matches.
-
-    JSON is compact (no whitespace between tokens) unless the schema's ``x-guidance``
-    says otherwise. The schema is copied; one llguidance refuses fails here with its
-    reason."""
-
-    kind: ConstraintKind = "json_object"
-    schema: Mapping[str, Any] | None = None
-    object_only: bool = False
-    text: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise InvalidOptionError("constraint", f"kind must be one of {', '.join(_KINDS)}, "
-                                     f"got {self.kind!r}",
-                                     hint="use json_object for any JSON value")
-        if self.kind != "json_schema" and self.schema is not None:
-            raise InvalidOptionError("constraint", "a schema needs kind='json_schema'",
-                                     hint="pass kind='json_schema' with the schema")
-        if self.object_only and self.kind != "json_object":
-            raise InvalidOptionError("constraint", "object_only applies to json_object",
-                                     hint='say "type": "object" in the schema instead')
-        if self.kind in ("grammar", "regex"):
-            if not isinstance(self.text, str) or not self.text.strip():
-                raise InvalidOptionError(
-                    "constraint", f"kind={self.kind!r} needs its text, got {self.text!r}",
-                    hint='e.g. ConstraintSpec("grammar", text=\'root ::= "yes" | "no"\')')
-        elif self.text is not None:
-            raise InvalidOptionError("constraint", f"text applies to grammar and regex, not "
-                                     f"{self.kind}", hint="pass a schema instead")
-        if self.kind == "json_schema":
-            if not isinstance(self.schema, Mapping):
-                raise InvalidOptionError(
-                    "constraint", f"json_schema needs a schema object, got {self.schema!r}",
-                    hint='e.g. {"type": "object", "properties": {...}}')
-            try:  # a private copy: later changes to the caller's dict change nothing
-                copied = json.loads(json.dumps(self.schema, allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                raise InvalidOptionError("constraint", f"the schema is not plain JSON: {exc}",
-                                         hint="use dicts, lists, strings, numbers, "
-                                         "booleans and null only") from exc
-            object.__setattr__(self, "schema", copied)
-        from engine.guidance import grammar_of
-
-        grammar_of(self)  # compiles (once, cached) and validates
-
-
-#: The former name (JSON only); the same class.
-JsonConstraintSpec = ConstraintSpec
-
-
 @dataclass(frozen=True)
 class GenerateOptions:
     """Everything that shapes one generation. Defaults change nothing (empty processor chain)."""
@@ -132,7 +69,7 @@ class GenerateOptions:
     #: None = no logprobs; 0 = the chosen token's logprob only; k = plus the top k.
     top_logprobs: int | None = None
     #: Only tokens that keep the output a prefix of the grammar's language (JSON, a
-    #: schema, GBNF, a regex); see ``engine.guidance``.
+    #: schema, GBNF, a regex); see ``engine.generation.guidance``.
     constraint: ConstraintSpec | None = None
     #: A prompt that does not fit the context is refused unless this is set: then its
     #: oldest tokens are dropped (leaving room for max_new_tokens) and the result says how
@@ -296,7 +233,7 @@ class EngineConfig:
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
         _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
-        from engine.limits import parse_limit
+        from engine.memory.limits import parse_limit
 
         parse_limit(self.vram_limit, field="vram_limit")
         parse_limit(self.host_ram_limit, field="host_ram_limit")

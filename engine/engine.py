@@ -13,29 +13,56 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.capacity import default_providers
 from engine.config import EngineConfig, GenerateOptions
-from engine.cuda_graph import (
-    NOT_REQUESTED,
-    GraphCapture,
-    describe_device,
-    device_options,
-    open_session,
-)
-from engine.decode import DecodeRunner, runner_factory
-from engine.decode_gqa import SharedBufferRunner
+from engine.core import Preemptor
 from engine.errors import (
     ContextOverflowError,
     InvalidPromptError,
     ModelLoadError,
     ResourceLimitError,
 )
-from engine.fim import (
+from engine.generation.mtp import MtpHead
+from engine.generation.request import RequestRun
+from engine.generation.spec_heads import DeclaredHead, load_declared_head
+from engine.kv.cache import (
+    KVGeometry,
+    PagePool,
+    PrefixCache,
+)
+from engine.kv.reuse import KVReuse
+from engine.kv.sessions import Session, SessionStore
+from engine.kv.tiers import KVTiers, model_identity
+from engine.memory.capacity import default_providers
+from engine.memory.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
+from engine.memory.limits import parse_limit
+from engine.memory.pressure import apply_limit, ensure_room, page_admitter
+from engine.model.io_spec import IOSpec, resolve_io
+from engine.model.model_dir import ModelDir, load_model_dir
+from engine.runtime.cuda_graph import (
+    NOT_REQUESTED,
+    GraphCapture,
+    describe_device,
+    device_options,
+    open_session,
+)
+from engine.runtime.decode import runner_factory
+from engine.runtime.decode_gqa import SharedBufferRunner
+from engine.runtime.hugepages import BackgroundAdvice, HugePageReport
+from engine.runtime.placement import plan_placement
+from engine.runtime.providers import (
+    SessionInfo,
+    available_providers,
+    make_session,
+    provider_from_env,
+)
+from engine.runtime.runner import DecodeRunner
+from engine.scheduler import Scheduler
+from engine.text.fim import (
     FimFamily,
     FimFile,
     FimOrder,
@@ -43,30 +70,8 @@ from engine.fim import (
     detect_fim_family,
     fim_stop_token_ids,
 )
-from engine.fim_plain import FimLines, prefix_only_request, stop_flag, trim_events, trimmer_for
-from engine.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
-from engine.hugepages import BackgroundAdvice, HugePageReport
-from engine.io_spec import IOSpec, resolve_io
-from engine.kv_cache import (
-    KVGeometry,
-    PagePool,
-    PrefixCache,
-)
-from engine.kv_reuse import KVReuse
-from engine.kv_tiers import KVTiers, model_identity
-from engine.limits import parse_limit
-from engine.model_dir import ModelDir, load_model_dir
-from engine.mtp import MtpHead
-from engine.placement import plan_placement
-from engine.pressure import apply_limit, ensure_room, page_admitter
-from engine.request import RequestRun
-from engine.runtime import SessionInfo, available_providers, make_session, provider_from_env
-from engine.sessions import Session, SessionStore
-from engine.spec_heads import DeclaredHead, load_declared_head
-from engine.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from engine.scheduler import Scheduler
+from engine.text.fim_plain import FimLines, prefix_only_request, stop_flag, trim_events, trimmer_for
+from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +101,7 @@ class Engine:
         limit = config.kv_max_len or model.context_length
         self.context_length = min(limit, model.context_length,
                                   spec.static_max_len or model.context_length)
-        self._scheduler: Scheduler | None = None
+        self.active_scheduler: Preemptor | None = None
         #: The draft model's runner (speculative_mode="draft_model"), when one is loaded.
         self.draft_runner: DecodeRunner | None = None
         #: A model-declared MTP / EAGLE-3 / shared-KV proposer that passed its contract
@@ -209,11 +214,7 @@ class Engine:
     @property
     def scheduler(self) -> Scheduler:
         """The scheduler that runs this engine's requests together (created on first use)."""
-        if self._scheduler is None:
-            from engine.scheduler import Scheduler
-
-            self._scheduler = Scheduler(self)
-        return self._scheduler
+        return Scheduler.of(self)
 
     @property
     def runner(self) -> DecodeRunner:
@@ -296,7 +297,7 @@ class Engine:
         ``order`` None: the order the model declares (``fim_order`` in its
         tokenizer_config.json), else prefix-suffix-middle.
 
-        A model without FIM tokens gets the prefix-only layout (``engine.fim_plain``): a
+        A model without FIM tokens gets the prefix-only layout (``engine.text.fim_plain``): a
         :class:`~engine.fim_plain.PrefixOnlyRequest` whose answer ``lines`` ("auto",
         "single", "multi") and the suffix shape; ``budget`` caps its prompt tokens.
         ``order``, ``repo_name`` and ``file_path`` do not apply there.
@@ -322,7 +323,7 @@ class Engine:
                cancel: threading.Event | None = None) -> EventStream:
         """Generate, yielding an event per token and a final event with the result.
         A prefix-only infill (``fim_request`` on a model without FIM tokens) streams its
-        answer through its completion rules (``engine.fim_trim``)."""
+        answer through its completion rules (``engine.text.fim_trim``)."""
         started = time.perf_counter()
         trimmer = trimmer_for(request)
         if trimmer is None:
@@ -406,8 +407,8 @@ class Engine:
         what is held evicts cached pages, spills idle sessions, then preempts less urgent
         requests (swap-style, resumed token-identical); in-progress work is never dropped:
         a request that alone exceeds the limit keeps running and the outcome says
-        `still_over`, with the numbers. See `engine.pressure`."""
-        return apply_limit(self, self._scheduler, tier, value)
+        `still_over`, with the numbers. See `engine.memory.pressure`."""
+        return apply_limit(self, self.active_scheduler, tier, value)
 
     # --- KV reuse ---------------------------------------------------------------------
 

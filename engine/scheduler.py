@@ -25,16 +25,16 @@ from typing import Literal
 import numpy as np
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.decode import DecodeRunner
-from engine.decode_gqa import SharedBufferRunner
-from engine.engine import Engine
+from engine.core import EngineCore
 from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
-from engine.kv_cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
-from engine.kv_reuse import common_prefix_len
-from engine.pressure import make_room, relieve
-from engine.request import RequestRun
-from engine.sessions import Session
-from engine.stopping import FinishReason
+from engine.generation.request import RequestRun
+from engine.generation.stopping import FinishReason
+from engine.kv.cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
+from engine.kv.reuse import common_prefix_len
+from engine.kv.sessions import Session
+from engine.memory.pressure import make_room, relieve
+from engine.runtime.decode_gqa import SharedBufferRunner
+from engine.runtime.runner import DecodeRunner
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Ticket:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineCore) -> None:
         self.engine = engine
         self._inbox: queue.SimpleQueue[Ticket] = queue.SimpleQueue()
         self._ids = itertools.count(1)
@@ -79,8 +79,8 @@ class Scheduler:
         self.batched_steps = 0
         self.waited_for_memory = 0
         self._wake = threading.Event()
-        if engine._scheduler is None:  # a live limit change preempts this one's requests
-            engine._scheduler = self
+        if engine.active_scheduler is None:  # a live limit change preempts its requests
+            engine.active_scheduler = self
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -97,9 +97,10 @@ class Scheduler:
         return ticket
 
     @classmethod
-    def of(cls, engine: Engine) -> Scheduler:
+    def of(cls, engine: EngineCore) -> Scheduler:
         """The engine's scheduler (one per engine, created on first use)."""
-        return engine.scheduler
+        found = engine.active_scheduler
+        return found if isinstance(found, Scheduler) else cls(engine)
 
     def stream(self, request: GenerateRequest, *, priority: Priority = "normal",
                session_id: int | None = None,
@@ -361,6 +362,10 @@ class Scheduler:
             self._preempt(index, ticket, release)
             count += 1
         return count
+
+    def running(self) -> list[RequestRun]:
+        """The requests that hold a runner now."""
+        return [t.run for t in self.active.values() if t.run is not None]
 
     def release_parked_kv(self) -> int:
         """Release the pages of waiting preempted requests (they resume from the tiered

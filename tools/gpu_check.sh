@@ -46,15 +46,15 @@ export PYTHONPATH="$PWD"
 # 1. The gpu tests (they skip without CUDA: a skip here is a failure), then the
 #    device-path and gate tests that also run on the CPU.
 if timeout 240 "$PY" -m pytest -m gpu -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" \
-        tests/engine/test_gpu.py > "$OUT/pytest.txt" 2>&1 \
+        tests/engine/runtime/test_gpu.py > "$OUT/pytest.txt" 2>&1 \
         && ! grep -q "SKIPPED" "$OUT/pytest.txt"; then
     log "gpu tests: passed"
 else
     status=1; log "gpu tests: FAILED or skipped (see pytest.txt)"
 fi
 tail -n 1 "$OUT/pytest.txt" | tee -a "$OUT/summary.txt"
-if timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_decode_device.py \
-        tests/engine/test_cuda_graph.py > "$OUT/pytest-cpu-path.txt" 2>&1; then
+if timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/runtime/test_decode_device.py \
+        tests/engine/runtime/test_cuda_graph.py > "$OUT/pytest-cpu-path.txt" 2>&1; then
     log "device-path tests on this machine's CPU: passed"
 else
     status=1; log "device-path tests: FAILED (see pytest-cpu-path.txt)"

@@ -6,7 +6,7 @@ llama.vim does (the lines above as ``input_prefix``, the typed part of the line 
 ``prompt``, the rest as ``input_suffix``). The answer shows as grey ghost text at the
 cursor: Tab takes it, Esc drops it, typing replaces it. A model without FIM tokens works
 too: the worker completes from the prefix alone and trims the answer by the suffix itself
-(``engine.fim_plain``), so the pane does not trim it again.
+(``engine.text.fim_plain``), so the pane does not trim it again.
 
 Newest wins: a request still in flight is aborted when a newer one starts, and an answer
 for a text or cursor that has changed since it was asked for is dropped, never shown.

@@ -4,7 +4,7 @@ Wraps ``Engine.stream`` with what the dialects add on top of the engine's own st
 llama.cpp's prediction budget (``t_max_predict_ms``: once it has run out, the answer
 stops at the next token that holds a line break, as llama.cpp does, so a line is never
 cut midway), minimum indentation (``n_indent``) and, for a prefix-only infill (a model
-without FIM tokens), the completion rules of ``engine.fim_trim`` (text they may still
+without FIM tokens), the completion rules of ``engine.text.fim_trim`` (text they may still
 trim is held back). llama.cpp does not enforce ``t_max_prompt_ms``, and neither does this:
 a slow cold prefill still gives a suggestion. Each yields :class:`Chunk` items (one per
 engine event) and a last :class:`Final`. A limit or a completion rule stops the engine
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.engine import Engine, GenerateRequest, GenerateResult, Timings
-from engine.fim_plain import trim_events, trimmer_for
-from engine.sampling import TokenLogprob
+from engine.generation.sampling import TokenLogprob
+from engine.generation.stopping import CANCELLED
 from engine.scheduler import Priority, Scheduler
-from engine.stopping import CANCELLED
+from engine.text.fim_plain import trim_events, trimmer_for
 
 LimitKind = Literal["t_max_predict_ms", "n_indent"]
 #: Budgets longer than a day are no budget (and would overflow a timer).
@@ -63,7 +63,7 @@ class Final:
     text: str
     limit: LimitKind | None = None
     is_step: bool = False
-    #: The completion rule that ended a prefix-only infill (``engine.fim_trim``); its
+    #: The completion rule that ended a prefix-only infill (``engine.text.fim_trim``); its
     #: result finishes as ``eos_token``.
     rule: str | None = None
 

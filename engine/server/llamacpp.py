@@ -16,8 +16,8 @@ was reused, ``timings.prompt_n`` the rest (the tokens actually processed) and
 gives a request the runner whose cache shares most of its prompt, and prompt KV is always
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
 (``{}``: any value), ``grammar`` to a GBNF grammar, ``regex`` to a regular expression
-(llguidance, ``engine.guidance``).
-/infill on a model without FIM tokens uses the prefix-only layout (``engine.fim_plain``);
+(llguidance, ``engine.generation.guidance``).
+/infill on a model without FIM tokens uses the prefix-only layout (``engine.text.fim_plain``);
 ``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block. /infill answers
 add ``fim_layout`` (``psm``, ``spm``, ``codestral``, ``prefix-only``; as ``/props``) and
 ``fim_stop``, the completion rule that ended a prefix-only answer (``line_end``,
@@ -35,8 +35,6 @@ from fastapi.responses import Response
 
 from engine.config import GenerateOptions
 from engine.engine import GenerateRequest
-from engine.fim import FimFile
-from engine.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final, Limits
 from engine.server.infill import InfillPrompt, build_infill, warm_job
@@ -59,7 +57,9 @@ from engine.server.streaming import (
     items_after,
     sse,
 )
-from engine.tokenizer import ChatMessage
+from engine.text.fim import FimFile
+from engine.text.fim_plain import fim_layout
+from engine.text.tokenizer import ChatMessage
 
 router = APIRouter(tags=["llama.cpp"])
 

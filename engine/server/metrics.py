@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.engine import Engine
-from engine.limits import TIERS
+from engine.memory.limits import TIERS
 from engine.server.generation import Final
 from engine.server.worker import JobRecord
 

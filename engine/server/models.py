@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.fim import FimFamily
 from engine.server.errors import ApiError
 from engine.server.worker import EngineWorker
+from engine.text.fim import FimFamily
 
 ModelState = Literal["empty", "loading", "ready"]
 

@@ -5,7 +5,7 @@
   ``stream_options.include_usage``, and ``[DONE]``.
 - Completions take a raw prompt (special tokens parsed, no template), or with ``suffix``
   fill in the middle in the model's own FIM layout; the suffix is never appended. A model
-  without FIM tokens completes code from the prompt alone (``engine.fim_plain``: the
+  without FIM tokens completes code from the prompt alone (``engine.text.fim_plain``: the
   suffix trims the answer; ``fim_lines`` picks one line or a block) when the suffix is
   not empty; an empty suffix there is a plain completion.
 - ``n`` / ``best_of`` above 1 and ``tools`` are refused with a message.
@@ -34,8 +34,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
 from engine.engine import GenerateRequest
-from engine.fim_plain import fim_layout
-from engine.sampling import TokenLogprob
+from engine.generation.sampling import TokenLogprob
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Chunk, Final
 from engine.server.models import LoadedModel
@@ -52,7 +51,8 @@ from engine.server.streaming import (
     items_after,
     sse,
 )
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.text.fim_plain import fim_layout
+from engine.text.tokenizer import ChatMessage, Tokenizer
 
 router = APIRouter(tags=["OpenAI"])
 

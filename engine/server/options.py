@@ -14,7 +14,7 @@
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.
 
-Structured output (the engine's llguidance constraint, ``engine.guidance``): OpenAI
+Structured output (the engine's llguidance constraint, ``engine.generation.guidance``): OpenAI
 ``response_format`` ``json_object`` (an object), ``json_schema`` (``json_schema.schema``),
 and this worker's ``regex`` / ``grammar`` types; Ollama ``format`` ``"json"`` (an object)
 or a schema; llama.cpp ``json_schema`` (``{}`` = any JSON value), ``grammar`` (GBNF) and
@@ -26,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.config import ConstraintKind, ConstraintSpec, GenerateOptions, StopSequence
+from engine.config import ConstraintSpec, GenerateOptions, StopSequence
 from engine.errors import InvalidOptionError
+from engine.generation.constraint import ConstraintKind
 from engine.server.errors import ApiError, from_exception
 from engine.server.models import LoadedModel
 from engine.server.schemas import LlamaSampling, OllamaOptions, ResponseFormat, _OpenAISampling
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "stop_sequences": "stop"}
 LLAMA_RENAMES = {"max_new_tokens": "n_predict", "repetition_penalty": "repeat_penalty",

@@ -30,8 +30,8 @@ from starlette.responses import StreamingResponse
 
 from engine.engine import Engine
 from engine.errors import InvalidOptionError, ResourceLimitError
-from engine.governor import GovernorSnapshot
-from engine.limits import ACCEPTED_FORMS, LIMIT_FLAGS, parse_limit
+from engine.memory.governor import GovernorSnapshot
+from engine.memory.limits import ACCEPTED_FORMS, LIMIT_FLAGS, parse_limit
 from engine.server.errors import ApiError, from_exception
 from engine.server.schemas import LimitsRequest
 from engine.server.sessions import SessionRegistry, close_named

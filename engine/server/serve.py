@@ -27,8 +27,8 @@ from typing import Any
 import uvicorn
 
 from engine.config import EngineConfig, KVStoreConfig
-from engine.default_model import default_model_dir
 from engine.errors import EngineError
+from engine.model.default_model import default_model_dir
 from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
 from engine.server.security import ensure_admin_token, resolve_api_key

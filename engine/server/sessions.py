@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 
 from engine.config import GenerateOptions
 from engine.engine import Engine, GenerateRequest
-from engine.kv_reuse import common_prefix_len
+from engine.kv.reuse import common_prefix_len
 from engine.server.errors import ApiError
 from engine.server.generation import Chunk, Final, run_generation
 from engine.server.models import ModelManager
 from engine.server.worker import EngineWorker, Priority, WorkerStoppedError
-from engine.tokenizer import ChatMessage
+from engine.text.tokenizer import ChatMessage
 
 log = logging.getLogger(__name__)
 

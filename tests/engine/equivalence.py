@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine import GenerateResult
-from engine.sampling import TokenLogprob
+from engine.generation.sampling import TokenLogprob
 
 #: The most a token's log-probability may move between a batched or verified step and the
 #: solo one on an int4 graph.

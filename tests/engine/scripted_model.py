@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from engine import Engine, EngineConfig
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from tests.engine.server.live import strip_fim
 from tests.forge import write_genai_model
 

@@ -285,7 +285,7 @@ def test_int4_matmulnbits_graph_matches_onnxruntime_genai(genai_model_dir, tmp_p
 
 
 def test_fim_request_uses_the_model_layout_and_stops_on_fim_tokens(genai):
-    from engine.fim import fim_stop_token_ids
+    from engine.text.fim import fim_stop_token_ids
 
     request = genai.fim_request("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n",
                                 GenerateOptions(max_new_tokens=8, temperature=0.0))

@@ -140,7 +140,7 @@ def test_a_spilled_session_resumes_from_the_disk_tier(wide_kv_model, tmp_path):
 def _fixed_ram(engine, total=64 << 30):
     """Capacity as fixed numbers, without the process's RSS: room is exactly the limit
     minus what the engine reported (weights + KV), so the KV budget binds."""
-    from engine.capacity import CapacityProviders, FixedCapacity, UnknownCapacity
+    from engine.memory.capacity import CapacityProviders, FixedCapacity, UnknownCapacity
 
     engine.governor.use_providers(CapacityProviders(
         vram=UnknownCapacity("VRAM", "cpu"), host_ram=FixedCapacity(total, 0)))

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
-from engine.decode_gqa import SharedBufferRunner
 from engine.errors import ContextOverflowError, ResourceLimitError
+from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.scheduler import Scheduler
 
 MIB = 1024 * 1024
@@ -94,7 +94,7 @@ def test_random_streams_complete_and_match_their_solo_runs(genai_model_dir):
 def _fixed_capacity(engine):
     """Fixed host RAM without the process's RSS: room = limit - (weights + KV reported),
     so the KV budget the limit leaves is exactly what binds."""
-    from engine.capacity import CapacityProviders, FixedCapacity, UnknownCapacity
+    from engine.memory.capacity import CapacityProviders, FixedCapacity, UnknownCapacity
 
     engine.governor.use_providers(CapacityProviders(
         vram=UnknownCapacity("VRAM", "cpu"), host_ram=FixedCapacity(64 << 30, 0)))

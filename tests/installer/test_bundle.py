@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from engine.default_model import DEFAULT_MODEL_NAME
+from engine.model.default_model import DEFAULT_MODEL_NAME
 from installer import bundle_config as cfg
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.default_model as default_model
+import engine.model.default_model as default_model
 from engine import ChatMessage, Engine, EngineConfig, GenerateOptions, GenerateRequest
-from engine.default_model import DEFAULT_MODEL_NAME, default_model_dir
+from engine.model.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from tests.forge.reference_loop import og_greedy
 
 ROOT = Path(__file__).resolve().parents[2]

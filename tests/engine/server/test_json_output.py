@@ -32,7 +32,7 @@ def client(server: LiveServer) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def bias(engine: Engine) -> dict[int, float]:
     """-4 on whitespace-only tokens: the random model favours them and would otherwise
-    often run out of context inside the value (see tests/engine/test_constraint.py)."""
+    often run out of context inside the value (see tests/engine/generation/test_constraint.py)."""
     return {i: -4.0 for i, t in enumerate(engine.tokenizer.token_texts()) if t and not t.strip()}
 
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from engine import Engine, GenerateOptions
-from engine.fim import FimFile
 from engine.server.infill import build_infill
+from engine.text.fim import FimFile
 from tests.engine.server.live import LiveServer, llama_vim_accepts, sse_events
 
 PREFIX, SUFFIX = "def list_py_files(root):\n", "\n    return result\n"

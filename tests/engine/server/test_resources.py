@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.governor import GovernorSnapshot
+from engine.memory.governor import GovernorSnapshot
 from engine.server.resources import limit_text
 from tests.engine.server.live import MODEL_NAME, LiveServer, serve, sse_events
 

@@ -85,7 +85,7 @@ def test_errors_at_start_come_before_the_ready_line(tmp_path: Path, slow_model_d
 
 
 def test_without_a_model_the_built_in_one_is_served_unless_refused(tmp_path):
-    from engine.default_model import default_model_dir
+    from engine.model.default_model import default_model_dir
 
     shipped = default_model_dir()
     args = ("--admin-token-file", str(tmp_path / "token"))

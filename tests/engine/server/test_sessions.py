@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from engine import ChatMessage, Engine, GenerateOptions, GenerateRequest
-from engine.kv_reuse import common_prefix_len
+from engine.kv.reuse import common_prefix_len
 from engine.server.errors import ApiError
 from engine.server.sessions import SessionRegistry, plan_turn
 from tests.engine.server.live import MODEL_NAME, LiveServer, sse_events

@@ -1,0 +1,1 @@
+"""The token loop: requests, logits processors, samplers, stopping, constraints, speculation."""

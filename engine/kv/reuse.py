@@ -1,0 +1,114 @@
+"""Where a prompt's prefix KV comes from, and where a finished sequence's KV goes.
+
+Sources, longest wins: the runner's own cache (the live slot), the session's pages, the
+prefix cache, the tiered store. Finished sequences leave their pages to the session, the
+prefix cache (when their runner moves on) and the tiered store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from engine.kv.cache import (
+    NoRoomError,
+    PagePool,
+    PageTable,
+    PrefixCache,
+    append_rows,
+    read_rows,
+    release_page,
+)
+from engine.kv.sessions import Session, SessionStore
+from engine.kv.tiers import KVTiers
+from engine.runtime.runner import DecodeRunner
+
+log = logging.getLogger(__name__)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class KVReuse:
+    def __init__(self, pool: PagePool, prefix_cache: PrefixCache | None,
+                 sessions: SessionStore, kv_tiers: KVTiers | None) -> None:
+        self.pool = pool
+        self.prefix_cache = prefix_cache
+        self.sessions = sessions
+        self.kv_tiers = kv_tiers
+
+    def prepare(self, runner: DecodeRunner, prompt: list[int],
+                session: Session | None) -> int:
+        """Put the longest reusable prefix of `prompt` into `runner`; return its length."""
+        size = self.pool.page_size
+        limit = len(prompt) - 1  # at least one prompt token always runs
+        live = common_prefix_len(runner.tokens, prompt, limit)
+        if self.prefix_cache is not None and live < len(runner.tokens) // 2:
+            # The runner moves on to another sequence: keep the old one's pages findable.
+            # (Continuing the same document keeps its KV live and copies nothing.)
+            self.publish(runner)
+        best, source = live, None
+        if session is not None and runner.transfers_kv and min(session.kv_len, limit) > best:
+            best, source = min(session.kv_len, limit), session.table
+        if self.prefix_cache is not None and limit - best >= size:
+            pages, _ = self.prefix_cache.lookup(prompt, limit)
+            if len(pages) * size > best:
+                best, source = len(pages) * size, PageTable(pages, len(pages) * size)
+        tiers = self.kv_tiers
+        if tiers is not None and limit - best >= tiers.chunk:
+            keys = tiers.available(prompt, limit)
+            if len(keys) * tiers.chunk > best:
+                start = (live // tiers.chunk) * tiers.chunk
+                runner.rewind(runner.length - start)
+                return tiers.fetch_into(runner, prompt, keys, start)
+        start = live if source is None else (live // size) * size
+        runner.rewind(runner.length - start)
+        if source is not None:
+            rows = read_rows(self.pool, source, start, best)
+            runner.import_kv(rows, start, prompt[start:best])
+        return best
+
+    def save_session(self, runner: DecodeRunner, session: Session) -> None:
+        """Append the rows a session's pages lack; index its full pages."""
+        held = runner.tokens
+        if not runner.transfers_kv or session.kv_len >= len(held):
+            return
+        try:
+            rows = runner.export_kv(session.kv_len, len(held))
+            append_rows(self.pool, session.table, rows, self.prefix_cache)
+        except NoRoomError:
+            self.sessions.drop_kv(session)  # recomputed next turn; tokens are kept
+            return
+        if self.prefix_cache is not None:
+            for index, h in enumerate(self.prefix_cache.chain(held[: session.kv_len])):
+                self.prefix_cache.insert(h, session.table.pages[index])
+
+    def publish(self, runner: DecodeRunner) -> None:
+        """Copy the runner's full pages the prefix cache lacks into it (best effort)."""
+        cache, size = self.prefix_cache, self.pool.page_size
+        assert cache is not None
+        for index, h in enumerate(cache.chain(runner.tokens)):
+            if cache.contains(h):
+                continue
+            page = self.pool.alloc()
+            if page is None and cache.evict(1):
+                page = self.pool.alloc()
+            if page is None:
+                return  # best effort: a full pool only means less reuse
+            self.pool.write(page, runner.export_kv(index * size, (index + 1) * size))
+            cache.insert(h, page)
+            release_page(self.pool, page, cache)
+
+    def store(self, runner: DecodeRunner) -> None:
+        """Put the runner's complete chunks in the tiered store (best effort)."""
+        if self.kv_tiers is None:
+            return
+        try:
+            self.kv_tiers.save_from(runner, runner.tokens)
+        except Exception:  # the store is best effort: never fail a finished request
+            log.exception("storing KV chunks failed; later requests recompute them")

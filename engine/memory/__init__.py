@@ -1,0 +1,1 @@
+"""Memory: limits, capacities (psutil, NVML, DXGI), the governor, pressure relief."""

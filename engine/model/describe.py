@@ -1,0 +1,50 @@
+"""What `python -m engine inspect` reports about a model folder (no weights loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.model.io_spec import resolve_io
+from engine.model.model_dir import load_model_dir
+from engine.runtime.cuda_graph import structural_declines
+from engine.text.fim import detect_fim_family
+from engine.text.tokenizer import Tokenizer
+
+
+def inspect_model(path: str | Path) -> dict[str, Any]:
+    model = load_model_dir(path)
+    spec = resolve_io(model.graph.inputs, model.graph.outputs, model.declared,
+                      has_gqa=model.graph.has_gqa, source=model.format)
+    tokenizer = Tokenizer.from_dir(model.path)
+    fim = detect_fim_family(tokenizer)
+    declines = structural_declines(model.model_file, spec.decode_path)
+    eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
+    heads = sorted({p.num_heads for p in spec.kv_pairs})
+    dims = sorted({p.head_dim for p in spec.kv_pairs})
+    return {
+        "path": str(model.path),
+        "format": model.format,
+        "model_file": model.model_file.name,
+        "io": spec.as_dict(),
+        "decode_path": spec.decode_path,
+        "context_length": model.context_length,
+        "kv": {
+            "layers": spec.num_layers,
+            "kv_heads": heads[0] if len(heads) == 1 else heads,
+            "head_dim": dims[0] if len(dims) == 1 else dims,
+            "dtype": spec.kv_pairs[0].dtype if spec.kv_pairs else None,
+            "bytes_per_token": spec.kv_bytes_per_token,
+        },
+        "eos_token_ids": list(eos),
+        "bos_token_id": model.bos_token_id,
+        "vocab_size": spec.vocab_size,
+        "fim_family": fim.name if fim else None,
+        "chat_template": tokenizer.has_chat_template,
+        "quantization": model.graph.quantization,
+        "weights_bytes": model.weights_bytes,
+        "external_data": [e.path.name for e in model.graph.external_data],
+        "top_level_control_flow": model.graph.top_level_control_flow,
+        "cuda_graph_safety": {"safe": not declines, "reasons": declines},
+        "warnings": list(model.warnings) + list(spec.convention_warnings),
+    }

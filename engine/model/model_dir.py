@@ -1,0 +1,420 @@
+"""Find and validate a model folder without loading its weights.
+
+Three metadata sources are understood — onnxruntime-genai's `genai_config.json`, our own
+`inference_metadata.yaml`, a Hugging Face `config.json` (optimum exports) — and a folder
+with none of them falls back to naming conventions with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.model.io_spec import DeclaredIO, TensorSpec
+from engine.model.onnx_scan import ScanError, ScannedModel, scan_onnx
+
+log = logging.getLogger(__name__)
+
+ModelFormat = Literal["genai", "metadata", "optimum", "convention"]
+METADATA_FILE = "inference_metadata.yaml"
+_CONTROL_FLOW = {"If", "Loop", "Scan"}
+#: Metadata keys we accept but do not act on yet would silently change results:
+#: refuse them by name instead.
+_UNSUPPORTED_METADATA = ("recurrent_state_pairs", "sliding_window", "attention_sinks")
+#: `speculative` (a declared MTP / EAGLE-3 / shared-KV proposer) is validated at engine
+#: load by engine.spec_heads.
+_KNOWN_METADATA = {"inference_metadata_version", "model_file", "decode_path",
+                   "max_sequence_length", "io", "kv_pairs", "eos_token_ids", "bos_token_id",
+                   "head_size", "kv_num_heads", "memory_limits", "speculative",
+                   *_UNSUPPORTED_METADATA}
+
+
+@dataclass(frozen=True)
+class ExternalData:
+    path: Path
+    size: int
+    #: Bytes the graph reads from the file (max offset + length).
+    expected: int
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the graph's GroupQueryAttention nodes fix, whatever the metadata says."""
+
+    layers: int
+    num_heads: int
+    kv_num_heads: int
+    #: The width of the attention's output over its heads (from the output projection's
+    #: weight); None when that projection is not a plain or int4 MatMul.
+    head_size: int | None
+    #: Positions the rotary table (``cos_cache``) covers; None without one.
+    rotary_positions: int | None
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    op_counts: Mapping[str, int]
+    has_gqa: bool
+    quantization: str
+    top_level_control_flow: bool
+    inline_weights_bytes: int
+    external_data: tuple[ExternalData, ...]
+    opset: int
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    attention: AttentionShape | None = None
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    path: Path
+    format: ModelFormat
+    model_file: Path
+    declared: DeclaredIO
+    graph: GraphSummary
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    warnings: tuple[str, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.graph.inline_weights_bytes + sum(e.size for e in self.graph.external_data)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}",
+                             hint="re-download or re-export the model folder") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} holds {type(data).__name__}, expected a JSON object",
+                             hint="re-download or re-export the model folder")
+    return data
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return ()
+
+
+def load_model_dir(path: str | Path) -> ModelDir:
+    """Read a model folder's metadata and graph structure; raise ModelLoadError if unusable."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise ModelLoadError(f"model folder {root} does not exist or is not a folder",
+                             hint="pass the folder that holds model.onnx and tokenizer.json")
+    fmt: ModelFormat
+    if (root / "genai_config.json").is_file():
+        fmt, (declared, info) = "genai", _from_genai(root)
+    elif (root / METADATA_FILE).is_file():
+        fmt, (declared, info) = "metadata", _from_metadata(root)
+    elif (root / "config.json").is_file():
+        fmt, (declared, info) = "optimum", _from_hf(root)
+    else:
+        fmt, declared, info = "convention", DeclaredIO(), {"model_file": _find_onnx(root)}
+    warnings: list[str] = list(info.get("warnings", []))
+    if fmt == "convention":
+        warnings.append(
+            f"{root} has no genai_config.json, {METADATA_FILE} or config.json; "
+            "input/output roles are guessed from their names")
+    model_file = root / str(info["model_file"])
+    if not (root / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{root} has no tokenizer.json",
+                             hint="copy the model's tokenizer.json into the folder "
+                                  "(it ships with the original Hugging Face model)")
+    graph = scan_graph(model_file)
+    context = info.get("context_length")
+    if context is None:
+        context = 2048
+        warnings.append("the model declares no context length; assuming 2048 tokens")
+    _check_against_graph(root, fmt, declared, info, graph)
+    for w in warnings:
+        log.warning("%s", w)
+    return ModelDir(
+        path=root, format=fmt, model_file=model_file, declared=declared, graph=graph,
+        context_length=context, eos_token_ids=tuple(info.get("eos", ())),
+        bos_token_id=info.get("bos"), warnings=tuple(warnings),
+        config=info.get("config", {}),
+    )
+
+
+#: Where each metadata format keeps what _check_against_graph compares: (file, context
+#: length key, head size key, KV heads key).
+_KEYS = {
+    "genai": ("genai_config.json", "model.context_length", "model.decoder.head_size",
+              "model.decoder.num_key_value_heads"),
+    "metadata": (METADATA_FILE, "max_sequence_length", "head_size", "kv_num_heads"),
+    "optimum": ("config.json", "max_position_embeddings", None, None),
+}
+
+
+def _check_against_graph(root: Path, fmt: ModelFormat, declared: DeclaredIO,
+                         info: Mapping[str, Any], graph: GraphSummary) -> None:
+    """Refuse metadata that contradicts the graph, naming both values: the engine sizes the
+    KV cache and the context from the metadata, and a wrong number would otherwise surface
+    as an ONNX Runtime error at the first token, or past the rotary table."""
+    if fmt == "convention":
+        return
+    file, context_key, head_key, kv_heads_key = _KEYS[fmt]
+    where = root / file
+
+    def refuse(message: str, hint: str) -> None:
+        raise ModelLoadError(f"{where}: {message}", hint=hint)
+
+    context = info.get("context_length")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or context <= 0):
+        refuse(f"{context_key} is {context!r}; expected a positive number of tokens",
+               "set it to the model's context length (max_position_embeddings in the "
+               "original model's config.json), or remove it to assume 2048")
+    attention = graph.attention
+    if attention is not None and attention.rotary_positions is not None \
+            and isinstance(context, int) and context > attention.rotary_positions:
+        refuse(f"{context_key} is {context}, but the graph's rotary table (cos_cache) "
+               f"covers {attention.rotary_positions} positions",
+               f"set {context_key} to {attention.rotary_positions} or less, or re-export the "
+               "model for the longer context")
+    kv_keys = sorted(n for n in graph.inputs if _is_past_key(n, declared))
+    if fmt == "genai":
+        layers = info.get("config", {}).get("model", {}).get("decoder", {}) \
+            .get("num_hidden_layers")
+        found = len(kv_keys) if kv_keys else (attention.layers if attention else None)
+        if isinstance(layers, int) and found is not None and layers != found:
+            refuse(f"model.decoder.num_hidden_layers is {layers}, but the graph has "
+                   f"{found} layers (KV inputs {declared.past_key_pattern!r} for layers 0 to "
+                   f"{found - 1})", f"set num_hidden_layers to {found}, or use the "
+                   "genai_config.json exported with this model.onnx")
+    first_key = declared.kv_pairs[0][0] if declared.kv_pairs else (
+        kv_keys[0] if kv_keys else None)
+    first = graph.inputs.get(first_key) if first_key else None
+    shape = first.shape if first is not None and len(first.shape) == 4 else (None,) * 4
+    graph_heads = shape[1] if isinstance(shape[1], int) else (
+        attention.kv_num_heads if attention else None)
+    graph_head_size = shape[3] if isinstance(shape[3], int) else (
+        attention.head_size if attention else None)
+    for key, said, actual, unit in (
+            (head_key, declared.head_size, graph_head_size, "a head size of"),
+            (kv_heads_key, declared.kv_num_heads, graph_heads, "a KV head count of")):
+        if key is None or said is None or actual is None or said == actual:
+            continue
+        refuse(f"{key} is {said!r}, but the graph's attention has {unit} {actual}",
+               f"set {key.rsplit('.', 1)[-1]} to {actual}, or use the {file} exported with "
+               "this model")
+
+
+def _is_past_key(name: str, declared: DeclaredIO) -> bool:
+    """Whether ``name`` is a layer's past-key input under the declared pattern."""
+    pattern = declared.past_key_pattern
+    if not pattern or "%d" not in pattern:
+        return False
+    head, _, tail = pattern.partition("%d")
+    middle = name[len(head):len(name) - len(tail)] if tail else name[len(head):]
+    return name.startswith(head) and name.endswith(tail) and middle.isdigit()
+
+
+def _attention_shape(scanned: ScannedModel) -> AttentionShape | None:
+    """The GroupQueryAttention nodes' heads, head size and rotary table (None without GQA,
+    or when the layers disagree among themselves)."""
+    attention = [n for n in scanned.nodes if n.op_type == "GroupQueryAttention"]
+    if not attention:
+        return None
+    heads = {(n.ints.get("num_heads"), n.ints.get("kv_num_heads")) for n in attention}
+    if len(heads) != 1:
+        return None
+    ((num_heads, kv_num_heads),) = heads
+    if not num_heads or not kv_num_heads:
+        return None
+    dims = {t.name: t.dims for t in scanned.initializers}
+    consumers = {n.inputs[0]: n for n in scanned.nodes
+                 if n.op_type in ("MatMul", "MatMulNBits") and n.inputs}
+    widths: set[int | None] = set()
+    for node in attention:
+        projection = consumers.get(node.outputs[0]) if node.outputs else None
+        if projection is None:
+            widths.add(None)
+        elif projection.op_type == "MatMulNBits":
+            widths.add(projection.ints.get("K"))
+        else:
+            weight = dims.get(projection.inputs[1]) if len(projection.inputs) > 1 else None
+            widths.add(weight[0] if weight and len(weight) == 2 else None)
+    width = widths.pop() if len(widths) == 1 else None
+    head_size = width // num_heads if width and width % num_heads == 0 else None
+    rotary = None
+    first = attention[0]
+    if first.ints.get("do_rotary") and len(first.inputs) > 7:
+        table = dims.get(first.inputs[7])
+        rotary = table[0] if table and len(table) == 2 else None
+    return AttentionShape(layers=len(attention), num_heads=num_heads,
+                          kv_num_heads=kv_num_heads, head_size=head_size,
+                          rotary_positions=rotary)
+
+
+def _find_onnx(root: Path) -> str:
+    if (root / "model.onnx").is_file():
+        return "model.onnx"
+    candidates = sorted(p.name for p in root.glob("*.onnx"))
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise ModelLoadError(f"{root} holds no .onnx file",
+                             hint="point at the folder that holds the exported model.onnx")
+    raise ModelLoadError(
+        f"{root} holds several .onnx files ({', '.join(candidates)}) and no metadata "
+        "saying which is the decoder",
+        hint=f"add an {METADATA_FILE} with model_file: <name>")
+
+
+def _from_genai(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
+    cfg = _read_json(root / "genai_config.json")
+    model = cfg.get("model", {})
+    decoder = model.get("decoder", {}) if isinstance(model, dict) else {}
+    if not isinstance(decoder, dict) or "filename" not in decoder:
+        raise ModelLoadError(f"{root / 'genai_config.json'} has no model.decoder.filename",
+                             hint="re-export the model with onnxruntime-genai's builder")
+    ins = decoder.get("inputs", {})
+    outs = decoder.get("outputs", {})
+    declared = DeclaredIO(
+        input_ids=ins.get("input_ids"), attention_mask=ins.get("attention_mask"),
+        position_ids=ins.get("position_ids"), logits=outs.get("logits"),
+        past_key_pattern=ins.get("past_key_names"),
+        past_value_pattern=ins.get("past_value_names"),
+        present_key_pattern=outs.get("present_key_names"),
+        present_value_pattern=outs.get("present_value_names"),
+        head_size=decoder.get("head_size"), kv_num_heads=decoder.get("num_key_value_heads"),
+    )
+    gen_cfg = root / "generation_config.json"
+    eos = _ids(model.get("eos_token_id"))
+    if gen_cfg.is_file():
+        eos = eos + tuple(t for t in _ids(_read_json(gen_cfg).get("eos_token_id")) if t not in eos)
+    return declared, {
+        "model_file": decoder["filename"], "context_length": model.get("context_length"),
+        "eos": eos, "bos": next(iter(_ids(model.get("bos_token_id"))), None), "config": cfg,
+    }
+
+
+def _from_metadata(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
+    import yaml  # only folders with our own metadata need it
+
+    path = root / METADATA_FILE
+    try:
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelLoadError(f"{path} is not valid YAML: {exc}",
+                             hint="fix the file's syntax") from exc
+    if not isinstance(meta, dict):
+        raise ModelLoadError(f"{path} must hold a mapping", hint="see the README's format")
+    present = [k for k in _UNSUPPORTED_METADATA if meta.get(k)]
+    if present:
+        raise UnsupportedModelError(
+            f"{path} asks for {', '.join(present)}, which this engine does not run yet",
+            hint="remove those keys or use a model without them")
+    warnings = [f"{path}: unknown key '{k}' ignored" for k in sorted(set(meta) - _KNOWN_METADATA)]
+    io = meta.get("io") or {}
+    pairs = []
+    for item in meta.get("kv_pairs") or []:
+        if not isinstance(item, dict) or "input" not in item or "output" not in item:
+            raise ModelLoadError(f"{path}: each kv_pairs entry needs input: and output:",
+                                 hint="e.g. - {input: past.0.key, output: present.0.key}")
+        pairs.append((str(item["input"]), str(item["output"])))
+    declared = DeclaredIO(
+        input_ids=io.get("input_ids"), attention_mask=io.get("attention_mask"),
+        position_ids=io.get("position_ids"), logits=io.get("logits"), kv_pairs=tuple(pairs),
+        head_size=meta.get("head_size"), kv_num_heads=meta.get("kv_num_heads"),
+        decode_path=meta.get("decode_path"),
+    )
+    model_file = meta.get("model_file") or _find_onnx(root)
+    return declared, {
+        "model_file": model_file, "context_length": meta.get("max_sequence_length"),
+        "eos": _ids(meta.get("eos_token_ids")), "bos": meta.get("bos_token_id"),
+        "warnings": warnings, "config": meta,
+    }
+
+
+def _from_hf(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
+    cfg = _read_json(root / "config.json")
+    gen_path = root / "generation_config.json"
+    gen = _read_json(gen_path) if gen_path.is_file() else {}
+    eos = _ids(gen.get("eos_token_id", cfg.get("eos_token_id")))
+    heads = cfg.get("num_attention_heads")
+    hidden = cfg.get("hidden_size")
+    head_size = cfg.get("head_dim") or (hidden // heads if heads and hidden else None)
+    declared = DeclaredIO(head_size=head_size,
+                          kv_num_heads=cfg.get("num_key_value_heads", heads))
+    return declared, {
+        "model_file": _find_onnx(root),
+        "context_length": cfg.get("max_position_embeddings"),
+        "eos": eos, "bos": next(iter(_ids(gen.get("bos_token_id", cfg.get("bos_token_id")))),
+                                None),
+        "config": cfg,
+    }
+
+
+def scan_graph(model_file: Path) -> GraphSummary:
+    """Read the graph structure (not the weights) and check external data files."""
+    if not model_file.is_file():
+        raise ModelLoadError(f"model file {model_file} is missing",
+                             hint="re-download the model folder; the .onnx file is required")
+    try:
+        scanned = scan_onnx(model_file)
+    except (ScanError, OSError) as exc:
+        raise ModelLoadError(
+            f"{model_file} is not a readable ONNX model ({exc}); the file may be truncated",
+            hint="re-download the model; compare its size with the source") from exc
+    if not scanned.op_types:
+        raise ModelLoadError(f"{model_file} holds an empty graph (truncated download?)",
+                             hint="re-download the model file")
+    ops = Counter(scanned.op_types)
+    inline = 0
+    expected: dict[str, int] = {}
+    for tensor in scanned.initializers:
+        if tensor.data_location == 1:  # EXTERNAL
+            entry = tensor.external
+            end = int(entry.get("offset", 0)) + int(entry.get("length", 0))
+            loc = entry.get("location", "")
+            expected[loc] = max(expected.get(loc, 0), end)
+        else:
+            inline += tensor.size
+    externals = []
+    for loc, need in sorted(expected.items()):
+        data_path = model_file.parent / loc
+        if not data_path.is_file():
+            raise ModelLoadError(
+                f"{model_file.name} needs external data file '{loc}', which is missing from "
+                f"{model_file.parent}", hint=f"download '{loc}' into the model folder")
+        size = data_path.stat().st_size
+        if size < need:
+            raise ModelLoadError(
+                f"external data file {data_path} is truncated: the graph reads {need} bytes, "
+                f"the file has {size}", hint=f"re-download '{loc}'")
+        externals.append(ExternalData(data_path, size, need))
+    quant = "int4" if "MatMulNBits" in ops else (
+        "int8" if {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul"} & set(ops)
+        else "none")
+    initialized = {t.name for t in scanned.initializers}
+    return GraphSummary(
+        op_counts=dict(ops), has_gqa="GroupQueryAttention" in ops, quantization=quant,
+        top_level_control_flow=bool(_CONTROL_FLOW & set(ops)), inline_weights_bytes=inline,
+        external_data=tuple(externals), opset=scanned.opsets.get("ai.onnx", 0),
+        inputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape))
+                for v in scanned.inputs if v.name not in initialized},
+        outputs={v.name: TensorSpec(v.name, v.dtype, tuple(v.shape)) for v in scanned.outputs},
+        attention=_attention_shape(scanned),
+    )

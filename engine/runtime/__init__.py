@@ -1,0 +1,1 @@
+"""ONNX Runtime: providers, session options, decode runners, device KV, CUDA graphs, huge pages."""

@@ -1,0 +1,1 @@
+"""Tokens and text: the tokenizer, chat templates, FIM layouts (token families and prefix-only)."""

@@ -1,0 +1,97 @@
+"""Transparent huge pages for the loaded weights: which mappings qualify, the kernel's mode,
+and the advice on this process (a real madvise on real memory)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, EngineConfig
+from engine.runtime.hugepages import (
+    HUGE_PAGE,
+    advise_huge_pages,
+    anon_huge_bytes,
+    anonymous_regions,
+    thp_mode,
+)
+
+MIB = 1024 * 1024
+MAPS = """\
+55d0a0000000-55d0a0021000 r--p 00000000 fd:01 1234 /usr/bin/python3.11
+55d0a1000000-55d0a5000000 rw-p 00000000 00:00 0          [heap]
+7f0000100000-7f0004300000 rw-p 00000000 00:00 0
+7f1000000000-7f1004000000 rw-s 00000000 00:01 77         /dev/zero (deleted)
+7f2000000000-7f2004000000 r--p 00000000 fd:01 99         /models/model.onnx.data
+7f3000000000-7f3000400000 rw-p 00000000 00:00 0
+7f4000000000-7f4004000000 rw-p 00000000 00:00 0          [stack]
+7f5000000000-7f5004000000 ---p 00000000 00:00 0
+"""
+
+
+def test_only_large_private_writable_anonymous_mappings_qualify_trimmed_to_huge_pages() -> None:
+    regions = anonymous_regions(MAPS, 8 * MIB)
+    # the heap (64 MiB) and the unnamed 66 MiB mapping, trimmed inward to 2 MiB boundaries;
+    # not the binary, the shared or file-backed mappings, the 4 MiB one, the stack or a
+    # guard region
+    assert regions == [(0x55D0A1000000, 64 * MIB), (0x7F0000200000, 64 * MIB)]
+    assert all(start % HUGE_PAGE == 0 and length % HUGE_PAGE == 0 for start, length in regions)
+    assert anonymous_regions(MAPS, 128 * MIB) == []
+
+
+def test_with_smaps_a_mostly_empty_mapping_is_left_alone() -> None:
+    smaps = """\
+7f0000000000-7f0004000000 rw-p 00000000 00:00 0
+Size:              65536 kB
+Rss:               65000 kB
+7f1000000000-7f1004000000 rw-p 00000000 00:00 0
+Size:              65536 kB
+Rss:                4096 kB
+"""
+    # collapsing the second would make 60 MiB of untouched memory resident
+    assert anonymous_regions(smaps, 8 * MIB, min_resident=0.75) == [(0x7F0000000000, 64 * MIB)]
+    assert len(anonymous_regions(smaps, 8 * MIB)) == 2
+
+
+def test_the_kernel_mode_is_the_bracketed_word(tmp_path: Path) -> None:
+    mode_file = tmp_path / "enabled"
+    mode_file.write_text("always [madvise] never\n")
+    assert thp_mode(mode_file) == "madvise"
+    mode_file.write_text("[never]\n")
+    assert thp_mode(mode_file) == "never"
+    assert thp_mode(tmp_path / "absent") == "unknown"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_advice_on_this_process_backs_a_large_buffer_with_huge_pages() -> None:
+    buffer = bytearray(64 * MIB)  # malloc'd: a private anonymous mapping
+    buffer[:: 4096] = b"x" * len(buffer[:: 4096])  # touched: resident on 4 KiB pages
+    before = anon_huge_bytes()
+    report = advise_huge_pages(min_bytes=32 * MIB)
+    if thp_mode() in ("never", "unknown"):
+        assert report.skipped and report.regions == 0
+        return
+    assert report.skipped is None
+    assert report.regions >= 1 and report.advised_bytes >= 60 * MIB
+    if report.collapsed_regions:  # MADV_COLLAPSE (Linux 6.1+) worked: it is resident now
+        assert anon_huge_bytes() >= before + 60 * MIB
+    assert bytes(buffer[:: 4096]) == b"x" * len(buffer[:: 4096])  # contents untouched
+    assert report.as_dict()["advised_mib"] == round(report.advised_bytes / MIB, 1)
+
+
+def test_the_engine_reports_what_it_did_and_can_be_told_not_to(genai_model_dir: Path) -> None:
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    try:
+        assert engine.wait_huge_pages(timeout=30)  # it runs in the background after a load
+        described = engine.describe()["huge_pages"]
+        if sys.platform.startswith("linux"):
+            assert isinstance(described, dict) and described["mode"] == thp_mode()
+    finally:
+        engine.close()
+    off = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1, huge_pages=False))
+    try:
+        assert off.wait_huge_pages(timeout=0)
+        assert off.describe()["huge_pages"] is None and off.huge_pages is None
+    finally:
+        off.close()
