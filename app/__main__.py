@@ -31,12 +31,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_worker(args: list[str]) -> int:
+    """``python -m engine ARGS`` in this process, through the engine's public command line."""
+    import runpy
+
+    sys.argv = [sys.argv[0], *args]
+    try:
+        runpy.run_module("engine", run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        if isinstance(done.code, int) or done.code is None:
+            return done.code or 0
+        print(done.code, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["--worker"]:  # the frozen app starting its own worker
-        from engine.__main__ import main as engine_main
-
-        return engine_main(args_list[1:])
+        return _run_worker(args_list[1:])
     args = _parser().parse_args(args_list)
     if args.selftest and args.remote:  # the chat and the completion through that server
         from app.remote_check import run_remote_selftest

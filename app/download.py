@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from app.library import completeness_problem, human_size
+from engine import completeness_problem, human_size
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PARTIAL_DIR = ".download"

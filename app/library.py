@@ -13,16 +13,16 @@ Known locations, listed when present:
   moved with ``foundry cache cd`` is not followed: add that folder by hand);
 - the app's own download folder (``AppPaths.models_dir``).
 
-Inspection reads metadata and the ONNX graph's structure (``engine.model.model_dir``,
-``engine.model.onnx_scan``: no weights are read, nothing runs) and the tokenizer (FIM family,
-chat template). No Qt widgets here; :class:`ScanTask` runs a scan on a pool thread.
+Which folders are models, and what each holds, is the engine's rule (``engine.find_model_dirs``,
+``engine.inspect_folder``; the worker's ``/v1/library`` uses the same): metadata, the ONNX
+graph's structure (no weights are read, nothing runs) and the tokenizer (FIM family, chat
+template). No Qt widgets here; :class:`ScanTask` runs a scan on a pool thread.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,25 +30,17 @@ from typing import Any
 from PySide6.QtCore import QObject, QRunnable, Signal
 
 from app.paths import resources_dir
-from engine.errors import EngineError
-from engine.model.model_dir import load_model_dir
-from engine.model.onnx_scan import ScanError, scan_onnx
+from engine import (
+    FolderFacts,
+    find_model_dirs,
+    human_size,
+    inspect_folder,
+    installed_ort_variants,
+)
 
-MODEL_MARKERS = ("genai_config.json", "inference_metadata.yaml")
 FORMAT_LABELS = {"genai": "genai", "metadata": "ours", "optimum": "optimum",
                  "convention": "onnx (guessed)"}
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-MAX_DEPTH = 8
-
-
-def human_size(n: int | None) -> str:
-    """Decimal units as file managers show them: ``1.2 MB``."""
-    if n is None:
-        return "?"
-    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)
@@ -141,44 +133,6 @@ def _key(path: Path) -> str:
         return str(path.absolute())
 
 
-def looks_like_model(folder: Path) -> bool:
-    try:
-        if any((folder / m).is_file() for m in MODEL_MARKERS):
-            return True
-        return any(e.name.endswith(".onnx") and e.is_file() for e in os.scandir(folder))
-    except OSError:
-        return False
-
-
-def find_model_dirs(root: Path, max_depth: int = MAX_DEPTH) -> Iterator[Path]:
-    """Model folders under ``root`` (itself included), depth first, in name order; hidden
-    folders are skipped, a model folder is not searched further, and each real folder is
-    visited once (symlink cycles end)."""
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[Path, int]] = [(root, 0)]
-    while stack:
-        folder, depth = stack.pop()
-        try:
-            st = os.stat(folder)
-        except OSError:
-            continue  # a dangling link, a link loop (ELOOP), no permission
-        if (st.st_dev, st.st_ino) in seen:
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        if looks_like_model(folder):
-            yield folder
-            continue
-        if depth >= max_depth:
-            continue
-        try:
-            children = sorted((e for e in os.scandir(folder)
-                               if not e.name.startswith(".") and e.is_dir()),
-                              key=lambda e: e.name, reverse=True)
-        except OSError:
-            continue
-        stack.extend((Path(e.path), depth + 1) for e in children)
-
-
 def model_name(folder: Path, root: LibraryRoot) -> str:
     """``org/model`` for a Hugging Face cache entry, else the path under the root."""
     try:
@@ -197,118 +151,23 @@ def model_name(folder: Path, root: LibraryRoot) -> str:
 # --- one model ------------------------------------------------------------------------------
 
 
-def folder_size(folder: Path) -> int:
-    """Bytes of the files in the folder (links followed: the HF cache links to blobs)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
-def completeness_problem(folder: Path) -> str | None:
-    """None when every ``.onnx`` file parses and each external-data file it references is
-    present at the size the graph reads; else what is wrong, in words."""
-    try:
-        onnx_files = sorted(p for p in folder.iterdir() if p.suffix == ".onnx" and p.is_file())
-    except OSError as exc:
-        return f"unreadable: {exc.strerror or exc}"
-    if not onnx_files:
-        return "incomplete: no .onnx file in the folder"
-    for model_file in onnx_files:
-        try:
-            scanned = scan_onnx(model_file)
-        except (ScanError, OSError):
-            return (f"incomplete: {model_file.name} ({human_size(model_file.stat().st_size)}) "
-                    "is not a whole ONNX file (truncated download?)")
-        expected: dict[str, int] = {}
-        for tensor in scanned.initializers:
-            if tensor.data_location == 1:  # EXTERNAL
-                entry = tensor.external
-                end = int(entry.get("offset", 0) or 0) + int(entry.get("length", 0) or 0)
-                loc = entry.get("location", "")
-                expected[loc] = max(expected.get(loc, 0), end)
-        for loc, need in sorted(expected.items()):
-            data = model_file.parent / loc
-            if not data.is_file():
-                return f"incomplete: {loc} is missing (expected {human_size(need)})"
-            size = data.stat().st_size
-            if size < need:
-                return (f"incomplete: {loc} is {human_size(size)}, expected "
-                        f"{human_size(need)}")
-    return None
-
-
-def _format_of(folder: Path) -> str:
-    for marker, fmt in (("genai_config.json", "genai"), ("inference_metadata.yaml", "metadata"),
-                        ("config.json", "optimum")):
-        if (folder / marker).is_file():
-            return FORMAT_LABELS[fmt]
-    return FORMAT_LABELS["convention"]
-
-
-def _declared_context(folder: Path) -> int | None:
-    """The context length a folder's JSON config declares (cheap; for broken folders)."""
-    for name, keys in (("genai_config.json", ("model", "context_length")),
-                       ("config.json", ("max_position_embeddings",))):
-        try:
-            value: Any = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def _quantization(quant: str, outputs: Mapping[str, Any]) -> str:
-    if quant == "int4":
+def _quantization(facts: FolderFacts) -> str:
+    if facts.quantization == "int4":
         return "int4 (MatMulNBits)"
-    if quant == "int8":
+    if facts.quantization == "int8":
         return "int8"
-    logits = outputs.get("logits") or next(iter(outputs.values()), None)
-    dtype = getattr(logits, "dtype", "")
-    return _DTYPE_LABELS.get(dtype, dtype or "?")
-
-
-def _tokenizer_facts(folder: Path) -> tuple[str | None, bool, str | None]:
-    """(FIM family, has a chat template, problem)."""
-    from engine.text.fim import detect_fim_family
-    from engine.text.tokenizer import Tokenizer
-
-    try:
-        tokenizer = Tokenizer.from_dir(folder)
-    except EngineError as exc:
-        return None, False, exc.message
-    family = detect_fim_family(tokenizer)
-    return (family.name if family else None), tokenizer.has_chat_template, None
+    return _DTYPE_LABELS.get(facts.logits_dtype, facts.logits_dtype or "?")
 
 
 def inspect_model(folder: Path, root: LibraryRoot) -> LibraryModel:
-    """Everything the library shows about one folder; never raises for a bad model."""
-    size = folder_size(folder)
-    fim, template, tok_problem = _tokenizer_facts(folder)
-    try:
-        md = load_model_dir(folder)
-    except EngineError as exc:
-        problem = completeness_problem(folder) or exc.message
-        return LibraryModel(folder, model_name(folder, root), root.path, root.kind,
-                            _format_of(folder), size, 0, _declared_context(folder), "?", fim,
-                            template, problem)
-    except (OSError, ValueError) as exc:  # a file vanished or is unreadable mid-scan
-        return LibraryModel(folder, model_name(folder, root), root.path, root.kind,
-                            _format_of(folder), size, 0, None, "?", fim, template,
-                            f"unreadable: {exc}")
+    """Everything the library shows about one folder (the engine's
+    :func:`~engine.inspect_folder`, the worker's rule too); never raises for a bad model."""
+    facts = inspect_folder(folder)
     return LibraryModel(
-        folder, model_name(folder, root), root.path, root.kind, FORMAT_LABELS[md.format], size,
-        md.weights_bytes, md.context_length,
-        _quantization(md.graph.quantization, md.graph.outputs), fim, template, tok_problem,
-        md.warnings)
+        folder, model_name(folder, root), root.path, root.kind, FORMAT_LABELS[facts.format],
+        facts.size_bytes, facts.weights_bytes, facts.context_length,
+        _quantization(facts), facts.fim,
+        facts.chat_template, facts.problem, facts.warnings)
 
 
 def scan_library(roots: Sequence[LibraryRoot], hidden: Iterable[str | Path] = ()
@@ -346,8 +205,6 @@ _PROVIDER_LABELS = {"cpu": "CPU", "cuda": "GPU (CUDA)", "directml": "GPU (Direct
 
 
 def gpu_runtime_installed() -> bool:
-    from engine.runtime.providers import installed_ort_variants
-
     return any(v in ("onnxruntime-gpu", "onnxruntime-directml")
                for v in installed_ort_variants())
 

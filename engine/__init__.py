@@ -26,6 +26,16 @@ from engine.errors import (
 )
 from engine.generation.sampling import CustomSampler, SamplerContext
 from engine.generation.stopping import FinishReason
+from engine.model.folders import (
+    FolderFacts,
+    completeness_problem,
+    find_model_dirs,
+    folder_size,
+    human_size,
+    inspect_folder,
+    is_model_dir,
+)
+from engine.runtime.providers import installed_ort_variants
 from engine.text.tokenizer import ChatMessage
 
 __all__ = [
@@ -39,6 +49,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "FinishReason",
+    "FolderFacts",
     "GenerateEvent",
     "GenerateOptions",
     "GenerateRequest",
@@ -54,4 +65,11 @@ __all__ = [
     "Timings",
     "TokenizerError",
     "UnsupportedModelError",
+    "completeness_problem",
+    "find_model_dirs",
+    "folder_size",
+    "human_size",
+    "inspect_folder",
+    "installed_ort_variants",
+    "is_model_dir",
 ]

@@ -11,11 +11,8 @@ import logging
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
@@ -23,8 +20,6 @@ from engine.core import Preemptor
 from engine.errors import (
     ContextOverflowError,
     InvalidPromptError,
-    ModelLoadError,
-    ResourceLimitError,
 )
 from engine.generation.mtp import MtpHead
 from engine.generation.request import RequestRun
@@ -37,8 +32,7 @@ from engine.kv.cache import (
 from engine.kv.reuse import KVReuse
 from engine.kv.sessions import Session, SessionStore
 from engine.kv.tiers import KVTiers, model_identity
-from engine.memory.capacity import default_providers
-from engine.memory.governor import Governor, GovernorLimits, GovernorSnapshot, LimitOutcome
+from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
 from engine.memory.limits import parse_limit
 from engine.memory.pressure import apply_limit, ensure_room, page_admitter
 from engine.model.io_spec import IOSpec, resolve_io
@@ -52,12 +46,12 @@ from engine.runtime.cuda_graph import (
 )
 from engine.runtime.decode import runner_factory
 from engine.runtime.decode_gqa import SharedBufferRunner
+from engine.runtime.draft import load_draft_runner
 from engine.runtime.hugepages import BackgroundAdvice, HugePageReport
 from engine.runtime.placement import plan_placement
 from engine.runtime.providers import (
     SessionInfo,
     available_providers,
-    make_session,
     provider_from_env,
 )
 from engine.runtime.runner import DecodeRunner
@@ -66,11 +60,10 @@ from engine.text.fim import (
     FimFamily,
     FimFile,
     FimOrder,
-    build_fim_ids,
     detect_fim_family,
-    fim_stop_token_ids,
 )
-from engine.text.fim_plain import FimLines, prefix_only_request, stop_flag, trim_events, trimmer_for
+from engine.text.fim_plain import FimLines, stop_flag, trim_events, trimmer_for
+from engine.text.prompt import encode_request, fim_request, stop_ids
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -79,10 +72,6 @@ log = logging.getLogger(__name__)
 EventStream = Generator[GenerateEvent, None, None]
 
 __all__ = ["Engine", "GenerateEvent", "GenerateRequest", "GenerateResult", "Timings"]
-
-#: Special tokens that end a chat turn in the common templates.
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
-
 
 class Engine:
     """One model, one ORT session, one KV runner. Not thread-safe: one engine thread."""
@@ -127,7 +116,8 @@ class Engine:
         reuse = config.prefix_cache and self.runner.transfers_kv
         self.prefix_cache: PrefixCache | None = PrefixCache(self.pool) if reuse else None
         self.sessions = SessionStore(self.pool, self.prefix_cache)
-        self.governor = self._make_governor(page_bytes)
+        self.governor = make_governor(config, session_info.provider, page_bytes,
+                                      model.weights_bytes)
         self.pool.admit = page_admitter(self)
         self.kv_tiers: KVTiers | None = None
         if config.kv_store is not None and self.runner.transfers_kv:
@@ -136,23 +126,6 @@ class Engine:
                                     model_identity(model, session_info.provider, kv_dtype),
                                     on_gpu=session_info.provider in ("cuda", "directml"))
         self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers)
-
-    def _make_governor(self, page_bytes: int) -> Governor:
-        config, provider = self.config, self.session_info.provider
-        gpu = provider in ("cuda", "directml")
-        spill = self.config.kv_store.disk_dir if self.config.kv_store else None
-        governor = Governor(
-            GovernorLimits.parse(vram=config.vram_limit, host_ram=config.host_ram_limit,
-                                 disk=config.disk_limit),
-            default_providers(provider, spill_dir=spill),
-            runtime_override=config.runtime_override, kv_tier="vram" if gpu else "host_ram")
-        governor.set_kv_geometry(page_bytes, config.kv_page_size)
-        governor.report(governor.kv_tier, weights_bytes=self.model.weights_bytes)
-        budget = governor.budget()
-        if budget is not None and budget.refusal:
-            raise ResourceLimitError(budget.refusal, hint="raise the memory limit or use a "
-                                     "smaller (e.g. int4) model")
-        return governor
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -177,7 +150,7 @@ class Engine:
             for runner in engine.runners:
                 runner.track_hidden(engine.mtp_head.hidden_output, engine.mtp_head.hidden_size)
         if config.draft_model is not None:
-            engine.draft_runner = engine._load_draft(config.draft_model, placement.provider)
+            engine.draft_runner = load_draft_runner(config.draft_model, engine, placement.provider)
         if config.huge_pages and engine.provider == "cpu":
             engine._huge_pages = BackgroundAdvice()
         return engine
@@ -192,24 +165,6 @@ class Engine:
         """Wait until the weights' huge-page collapse after the load is done (it runs in
         the background: the engine serves meanwhile). True when done or never started."""
         return self._huge_pages is None or self._huge_pages.wait(timeout)
-
-    def _load_draft(self, path: str, provider: str) -> DecodeRunner:
-        """A draft model's runner; its tokenizer must be this model's (same token texts)."""
-        draft = load_model_dir(path)
-        texts = Tokenizer.from_dir(draft.path).token_texts()
-        if texts != self.tokenizer.token_texts():
-            raise ModelLoadError(
-                f"the draft model {draft.path} has another tokenizer than {self.model.path}",
-                hint="use a draft model of the same family (same tokenizer.json)")
-        spec = resolve_io(draft.graph.inputs, draft.graph.outputs, draft.declared,
-                          has_gqa=draft.graph.has_gqa, source=draft.format)
-        if spec.vocab_size > self.spec.vocab_size:
-            raise ModelLoadError(
-                f"the draft model's vocabulary ({spec.vocab_size}) is larger than the "
-                f"target's ({self.spec.vocab_size})", hint="use a draft of the same family")
-        session, _ = make_session(draft.model_file, self.config, provider=provider)
-        context = min(draft.context_length, self.context_length)
-        return runner_factory(session, spec, context, 1)()
 
     @property
     def scheduler(self) -> Scheduler:
@@ -248,36 +203,11 @@ class Engine:
     # --- prompts ----------------------------------------------------------------------
 
     def encode_request(self, request: GenerateRequest) -> list[int]:
-        if request.token_ids is not None:
-            ids = list(request.token_ids)
-            bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
-            if bad:
-                raise InvalidPromptError(
-                    f"token ids {bad[:5]} are outside the vocabulary "
-                    f"(0..{self.spec.vocab_size - 1})",
-                    hint="encode the prompt with this model's tokenizer")
-        elif request.messages is not None:
-            ids = self.tokenizer.encode_chat(request.messages, add_generation_prompt=True)
-        else:
-            assert request.prompt is not None
-            # a raw prompt starts as the model's tokenizer starts one (Hugging Face,
-            # onnxruntime-genai, llama.cpp): BOS first when it adds one by default
-            ids = self.tokenizer.encode(request.prompt, parse_special=True,
-                                        add_bos=self.tokenizer.adds_bos_by_default)
-        if not ids:
-            raise InvalidPromptError("the prompt is empty",
-                                     hint="give at least one token of prompt text")
-        return ids
+        return encode_request(self.tokenizer, request, self.spec.vocab_size)
 
     def stop_ids(self, request: GenerateRequest) -> tuple[int, ...]:
-        """The token ids that end this request: its own, else the model's EOS ids (plus the
-        end-of-turn tokens of chat templates for chat requests)."""
-        if request.options.eos_token_ids is not None:
-            return request.options.eos_token_ids
-        if request.messages is None:
-            return self.eos_token_ids
-        extra = (self.tokenizer.token_to_id(t) for t in _END_OF_TURN)
-        return tuple(dict.fromkeys([*self.eos_token_ids, *(t for t in extra if t is not None)]))
+        """The token ids that end this request (``engine.text.prompt.stop_ids``)."""
+        return stop_ids(self.tokenizer, request, self.eos_token_ids)
 
     def max_total(self, options: GenerateOptions) -> int:
         return min(options.max_context or self.context_length, self.context_length)
@@ -303,19 +233,10 @@ class Engine:
         ``order``, ``repo_name`` and ``file_path`` do not apply there.
         """
         options = options or GenerateOptions()
-        family = detect_fim_family(self.tokenizer)
-        if family is None:
-            return prefix_only_request(self.tokenizer, prefix, suffix, options,
-                                       max_total=self.max_total(options),
-                                       eos_token_ids=self.eos_token_ids,
-                                       extra_files=extra_files, lines=lines, budget=budget)
-        order = order or ("spm" if self.tokenizer.fim_order == "spm" else "psm")
-        ids = build_fim_ids(self.tokenizer, family, prefix, suffix, order=order,
-                            extra_files=extra_files, repo_name=repo_name, file_path=file_path)
-        if options.eos_token_ids is None:
-            stops = dict.fromkeys([*self.eos_token_ids, *fim_stop_token_ids(family)])
-            options = replace(options, eos_token_ids=tuple(stops))
-        return GenerateRequest(token_ids=tuple(ids), options=options)
+        return fim_request(self.tokenizer, prefix, suffix, options,
+                           max_total=self.max_total(options), eos_token_ids=self.eos_token_ids,
+                           order=order, extra_files=extra_files, repo_name=repo_name,
+                           file_path=file_path, lines=lines, budget=budget)
 
     # --- generation -------------------------------------------------------------------
 
@@ -414,22 +335,9 @@ class Engine:
 
     def end_run(self, run: RequestRun, session: Session | None) -> None:
         """Save a session's new KV and history, index full pages, store chunks."""
-        runner = run.runner
-        # A stop inside a speculated block leaves KV of tokens that were not output.
-        held = len(run.prompt) + len(run.sampled) - 1
-        if runner.length > held:
-            runner.rewind(runner.length - held)
-        if session is not None:
-            session.tokens = run.prompt + run.sampled
-            held = len(session.tokens) - 1
-            if (run.sampled and not run.cancelled and runner.transfers_kv
-                    and runner.length == held < runner.context_length):
-                # The answer's last token was sampled, never fed: compute its KV now, so
-                # the next turn prefills exactly its own new tokens.
-                runner.forward(np.array(session.tokens[-1:], dtype=np.int64))
-            self.reuse.save_session(runner, session)
+        self.reuse.finish(run, session)
         self._report_kv()
-        self.reuse.store(runner)
+        self.reuse.store(run.runner)
 
     # --- sessions ---------------------------------------------------------------------
 

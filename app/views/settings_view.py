@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.context import AppContext
 from app.views import named
-from engine.runtime.providers import installed_ort_variants
+from engine import installed_ort_variants
 
 RESTARTING = "Restarting the worker with the new settings…"
 PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",

@@ -17,16 +17,13 @@ import numpy as np
 
 from engine.config import GenerateOptions
 from engine.errors import SamplerError
-from engine.generation.logits import (
+from engine.generation.context import (
     NamedProcessor,
     ProcessorContext,
     all_masked_error,
-    apply_processors,
-    checked_max,
     nan_logits_error,
-    shifted_exp,
-    top_k_indices,
 )
+from engine.generation.logits import apply_processors, checked_max, shifted_exp, top_k_indices
 
 __all__ = [
     "CategoricalSampler",

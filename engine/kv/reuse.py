@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
+
+from engine.generation.request import RequestRun
 from engine.kv.cache import (
     NoRoomError,
     PagePool,
@@ -112,3 +115,21 @@ class KVReuse:
             self.kv_tiers.save_from(runner, runner.tokens)
         except Exception:  # the store is best effort: never fail a finished request
             log.exception("storing KV chunks failed; later requests recompute them")
+
+    def finish(self, run: RequestRun, session: Session | None) -> None:
+        """After a request: drop KV of tokens that were not output, and save a session's
+        new history and KV (the last sampled token's KV computed, so the next turn
+        prefills exactly its own new tokens)."""
+        runner = run.runner
+        # A stop inside a speculated block leaves KV of tokens that were not output.
+        held = len(run.prompt) + len(run.sampled) - 1
+        if runner.length > held:
+            runner.rewind(runner.length - held)
+        if session is None:
+            return
+        session.tokens = run.prompt + run.sampled
+        held = len(session.tokens) - 1
+        if (run.sampled and not run.cancelled and runner.transfers_kv
+                and runner.length == held < runner.context_length):
+            runner.forward(np.array(session.tokens[-1:], dtype=np.int64))
+        self.save_session(runner, session)

@@ -11,12 +11,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
+from engine.config import EngineConfig
 from engine.errors import InvalidOptionError, ResourceLimitError
 from engine.memory.capacity import (
     CapacityProvider,
     CapacityProviders,
     CapacityReading,
     UnknownCapacity,
+    default_providers,
     read_capacity,
 )
 from engine.memory.limits import (
@@ -389,3 +391,23 @@ class Governor:
     def no_room_error(self, tier: str, needed: int) -> ResourceLimitError:
         """The refusal the user sees when waiting, evicting and preempting did not help."""
         return ResourceLimitError(self.explain_no_room(tier, needed))
+
+
+def make_governor(config: EngineConfig, provider: str, page_bytes: int,
+                  weights_bytes: int) -> Governor:
+    """The governor of an engine on ``provider``: its limits from ``config``, the model's
+    weights reported, refused at once when the weights alone do not fit."""
+    gpu = provider in ("cuda", "directml")
+    spill = config.kv_store.disk_dir if config.kv_store else None
+    governor = Governor(
+        GovernorLimits.parse(vram=config.vram_limit, host_ram=config.host_ram_limit,
+                             disk=config.disk_limit),
+        default_providers(provider, spill_dir=spill),
+        runtime_override=config.runtime_override, kv_tier="vram" if gpu else "host_ram")
+    governor.set_kv_geometry(page_bytes, config.kv_page_size)
+    governor.report(governor.kv_tier, weights_bytes=weights_bytes)
+    budget = governor.budget()
+    if budget is not None and budget.refusal:
+        raise ResourceLimitError(budget.refusal, hint="raise the memory limit or use a "
+                                 "smaller (e.g. int4) model")
+    return governor

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.model.folders import FORMATS, find_model_dirs, folder_format
 from engine.server.errors import ApiError
 from engine.server.worker import EngineWorker
 from engine.text.fim import FimFamily
@@ -36,7 +37,6 @@ _FAMILY_WORDS: dict[str, tuple[tuple[str, ...], str]] = {
     "deepseek": (("deepseek",), "deepseek-coder"),
     "codestral": (("codestral",), "codestral"),
 }
-_MODEL_MARKERS = ("genai_config.json", "inference_metadata.yaml", "config.json", "model.onnx")
 
 
 def model_id(folder_name: str, fim: FimFamily | None) -> str:
@@ -96,27 +96,14 @@ class LibraryEntry:
     size_bytes: int
 
 
-def _looks_like_model(path: Path) -> bool:
-    try:
-        if not (path / "tokenizer.json").is_file():
-            return False
-        return any((path / m).is_file() for m in _MODEL_MARKERS) or any(path.glob("*.onnx"))
-    except OSError:
-        return False
-
-
 def _entry(root: Path, path: Path) -> LibraryEntry:
-    fmt, family = "convention", None
-    for marker, name in (("genai_config.json", "genai"), ("inference_metadata.yaml", "metadata"),
-                         ("config.json", "optimum")):
-        if (path / marker).is_file():
-            fmt = name
-            if marker.endswith(".json"):
-                try:
-                    family = model_type(json.loads((path / marker).read_text(encoding="utf-8")))
-                except (OSError, ValueError):
-                    family = None
-            break
+    fmt, family = folder_format(path), None
+    marker = next((m for m, f in FORMATS if f == fmt), None)
+    if marker is not None and marker.endswith(".json"):
+        try:
+            family = model_type(json.loads((path / marker).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            family = None
     size = sum(p.stat().st_size for p in path.iterdir()
                if p.is_file() and (p.suffix in (".onnx", ".data") or p.name.endswith(".onnx.data")))
     return LibraryEntry(path.relative_to(root).as_posix(), path, fmt, family, size)
@@ -181,34 +168,12 @@ class ModelManager:
         """Model folders under the roots (one or two levels deep); unreadable ones skipped."""
         entries: list[LibraryEntry] = []
         for root in self.roots:
-            for path in self._candidates(root, depth=2):
+            for path in find_model_dirs(root, 2, include_root=False, stay_inside=True):
                 try:
                     entries.append(_entry(root, path))
                 except OSError:
                     continue
         return entries
-
-    def _candidates(self, folder: Path, depth: int, root: Path | None = None
-                    ) -> Iterator[Path]:
-        root = root or folder
-        try:
-            children = sorted(c for c in folder.iterdir() if c.is_dir())
-        except OSError:
-            return
-        for child in children:
-            if not self._inside(child, root):
-                continue  # a link out of the root
-            if _looks_like_model(child):
-                yield child
-            elif depth > 1:  # organisation/model layouts
-                yield from self._candidates(child, depth - 1, root)
-
-    @staticmethod
-    def _inside(path: Path, root: Path) -> bool:
-        try:
-            return path.resolve().is_relative_to(root)
-        except OSError:
-            return False
 
     def resolve(self, name: str) -> Path:
         """The folder ``name`` denotes inside a root (or the --model folder), or ApiError."""

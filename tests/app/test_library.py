@@ -12,14 +12,13 @@ import pytest
 from app.download import DownloadError, check_space
 from app.library import (
     LibraryRoot,
-    completeness_problem,
-    folder_size,
     huggingface_cache,
     human_size,
     library_roots,
     scan_library,
     where_it_runs,
 )
+from engine import completeness_problem, folder_size
 from tests.app.conftest import TINY
 
 

@@ -14,20 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from engine.memory import capacity as cap
+from engine.memory import gpu
 from engine.memory.capacity import (
     CapacityProvider,
     CapacityReading,
     DiskSpace,
-    DxgiAdapter,
     FixedCapacity,
-    NvmlGPU,
     SystemRAM,
     UnknownCapacity,
     default_providers,
     nearest_existing,
     read_capacity,
 )
+from engine.memory.gpu import DxgiAdapter, NvmlGPU
 
 GIB = 1 << 30
 HAS_NVIDIA_DRIVER = shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia").exists()
@@ -217,14 +216,14 @@ def test_nvml_maps_cuda_device_through_cuda_visible_devices(monkeypatch, visible
 
 @pytest.mark.parametrize(("found", "expected"), [
     # discrete card: 8 GiB dedicated, the OS grants 7.5 GiB, we use 1 GiB
-    (cap._DxgiMemory("RTX", 8 * GIB, 15 * GIB // 2, GIB), (8 * GIB, None, 13 * GIB // 2, GIB)),
+    (gpu._DxgiMemory("RTX", 8 * GIB, 15 * GIB // 2, GIB), (8 * GIB, None, 13 * GIB // 2, GIB)),
     # integrated GPU: 128 MiB dedicated, a 6 GiB shared-memory budget
-    (cap._DxgiMemory("iGPU", GIB // 8, 6 * GIB, 0), (6 * GIB, None, 6 * GIB, 0)),
+    (gpu._DxgiMemory("iGPU", GIB // 8, 6 * GIB, 0), (6 * GIB, None, 6 * GIB, 0)),
     # before Windows 10 there is no IDXGIAdapter3: the size only
-    (cap._DxgiMemory("old", 4 * GIB, None, None), (4 * GIB, None, None, None)),
+    (gpu._DxgiMemory("old", 4 * GIB, None, None), (4 * GIB, None, None, None)),
 ])
 def test_dxgi_numbers_from_a_fake_adapter(monkeypatch, found, expected):
-    monkeypatch.setattr(cap, "_dxgi_query", lambda index: found)
+    monkeypatch.setattr(gpu, "_dxgi_query", lambda index: found)
     r = read_capacity(DxgiAdapter(0))
     assert (r.total, r.used, r.available, r.process_used) == expected
     assert r.others_used is None and r.note == ""
@@ -234,15 +233,15 @@ def test_dxgi_failure_is_unknown(monkeypatch: pytest.MonkeyPatch):
     def boom(index: int) -> None:
         raise OSError("dxgi.dll not found")
 
-    monkeypatch.setattr(cap, "_dxgi_query", boom)
+    monkeypatch.setattr(gpu, "_dxgi_query", boom)
     r = read_capacity(DxgiAdapter(0))
     assert r.total is None and r.note == "DXGI: dxgi.dll not found"
 
 
 def test_dxgi_structures_match_the_windows_abi():
     iid = "645967a4-1392-4310-a798-8053ce3e93fd"
-    assert bytes(cap._GUID.parse(iid)) == uuid.UUID(iid).bytes_le
-    assert ctypes.sizeof(cap._VideoMemoryInfo) == 32
+    assert bytes(gpu._GUID.parse(iid)) == uuid.UUID(iid).bytes_le
+    assert ctypes.sizeof(gpu._VideoMemoryInfo) == 32
 
 
 # -- default providers --------------------------------------------------------------------

@@ -104,12 +104,13 @@ def test_device_kv_counts_in_the_vram_tier_on_cuda(genai_model_dir, monkeypatch)
     and cached pages) is counted in the VRAM tier, none in host RAM, and the VRAM limit
     binds KV growth."""
     import engine.engine as engine_module
+    import engine.memory.governor as governor_module
     from engine.memory.capacity import CapacityProviders, FixedCapacity
     from engine.runtime.providers import SessionInfo
 
     host = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
     vram = FixedCapacity(8 << 30, 0, name="fake GPU")
-    monkeypatch.setattr(engine_module, "default_providers", lambda provider, **kw:
+    monkeypatch.setattr(governor_module, "default_providers", lambda provider, **kw:
                         CapacityProviders(vram=vram, host_ram=FixedCapacity(64 << 30, 0)))
     monkeypatch.setattr(engine_module, "device_options",
                         lambda *a: DeviceOptions("cpu"))
