@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -19,3 +20,18 @@ def test_help_is_plain_text_that_names_every_option():
                    "--timeout SECONDS", "--worker ARGS"):
         assert option in text
     assert "(default 120)" in text
+
+
+def test_worker_mode_runs_the_engines_command_line(genai_model_dir):
+    """``app --worker ARGS`` is ``python -m engine ARGS`` (how the frozen app starts its
+    worker): its output and exit codes come through."""
+    done = subprocess.run([sys.executable, "-m", "app", "--worker", "inspect",
+                           str(genai_model_dir), "--json"], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["decode_path"] == "shared_buffer"
+    bad = subprocess.run([sys.executable, "-m", "app", "--worker", "inspect",
+                          str(genai_model_dir / "missing")], cwd=ROOT, text=True,
+                         capture_output=True, timeout=120)
+    assert bad.returncode != 0
+    assert "missing" in bad.stderr
