@@ -319,7 +319,8 @@ class WorkerClient(QObject):
                  timeout_ms: int) -> QNetworkRequest:
         request = QNetworkRequest(QUrl(self.base_url + path))
         request.setHeader(QNetworkRequest.KnownHeaders.ContentTypeHeader, "application/json")
-        token = self.admin_token if admin else (self.api_key or self.admin_token)
+        # the admin token goes to admin routes only; the API key (if any) to the rest
+        token = self.admin_token if admin else self.api_key
         if token:
             request.setRawHeader(b"Authorization", f"Bearer {token}".encode())
         for key, value in (headers or {}).items():

@@ -29,6 +29,10 @@ MAX_START_FAILURES = 5
 STDERR_LINES = 40
 
 
+#: The worker reads its API key from this variable (``python -m engine serve --help``).
+API_KEY_ENV = "ONNX_LOCAL_LLM_API_KEY"
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
     """How to start the worker (from the settings)."""
@@ -56,8 +60,6 @@ class WorkerOptions:
             args += ["--model", self.model]
         for root in self.models_dirs:
             args += ["--models-dir", root]
-        if self.api_key:
-            args += ["--api-key", self.api_key]
         if self.threads > 0:
             args += ["--threads", str(self.threads)]
         if not self.threads_stay_awake:
@@ -70,6 +72,11 @@ class WorkerOptions:
             args += ["--parent-pid", str(self.parent_pid)]
         return args + list(self.extra_args)
 
+    def environment(self) -> dict[str, str | None]:
+        """Variables set (None: removed) in the worker's environment. The API key travels
+        here, never on the command line, which every local user can read."""
+        return {API_KEY_ENV: self.api_key or None}
+
 
 @dataclass(frozen=True)
 class ReadyInfo:
@@ -78,6 +85,7 @@ class ReadyInfo:
     model: str | None
     admin_token: str | None
     started_s: float  # from start() to the ready line
+    log_file: str | None = None  # the worker's log (None: stderr only)
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,11 @@ class WorkerProcess(QObject):
         proc = QProcess(self)
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
+        for name, value in self.options.environment().items():
+            if value is None:
+                env.remove(name)
+            else:
+                env.insert(name, value)
         proc.setProcessEnvironment(env)
         # bound methods, not lambdas with captured defaults: PySide6 mis-counts references
         # of values passed through such lambdas (a crash at exit); the slots ask sender().
@@ -232,12 +245,13 @@ class WorkerProcess(QObject):
                 token = Path(token_file).read_text(encoding="utf-8").strip()
             except OSError:
                 token = None
-        model = event.get("model")
+        model, log_file = event.get("model"), event.get("log_file")
         self._start_failures = 0
         self.info = ReadyInfo(url=str(event.get("url")), pid=int(str(event.get("pid") or 0)),
                               model=model if isinstance(model, str) else None,
                               admin_token=token,
-                              started_s=time.monotonic() - self._started_at)
+                              started_s=time.monotonic() - self._started_at,
+                              log_file=log_file if isinstance(log_file, str) else None)
         self._set_state("ready")
         self.ready.emit(self.info)
 

@@ -124,7 +124,19 @@ class SettingsView(QWidget):
             value = QLabel(str(path))
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             form.addRow(label, value)
+        self.worker_log = named(QLabel(self._log_words()), "workerLog")
+        self.worker_log.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.worker_log.setWordWrap(True)
+        form.addRow("Worker log", self.worker_log)
         return box
+
+    def _log_words(self) -> str:
+        worker = self.ctx.worker
+        info = worker.info if worker is not None and not self.ctx.remote else None
+        if info is None:
+            return "the remote server keeps its own" if self.ctx.remote else \
+                "shown once the worker has started"
+        return info.log_file or "none: the worker writes to its standard error only"
 
     def load(self) -> None:
         s = self.ctx.settings
@@ -161,5 +173,6 @@ class SettingsView(QWidget):
         self.result.setText(RESTARTING)
 
     def _on_restarted(self) -> None:
+        self.worker_log.setText(self._log_words())
         if self.result.text() == RESTARTING:
             self.result.setText("The worker is running with the new settings.")

@@ -183,6 +183,9 @@ def test_unticking_keep_threads_awake_restarts_the_worker_without_spinning(qtbot
     assert cmdline[cmdline.index("--spin-us") + 1] == "0"
     assert window.ctx.settings.threads_stay_awake is False
     assert window.state_label.text() == "Worker: ready"
+    # where the worker's log is, to attach to a bug report (the restarted worker's)
+    assert worker.info is not None and worker.info.log_file
+    assert settings_view.worker_log.text() == worker.info.log_file
 
 
 def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):

@@ -55,3 +55,41 @@ def test_abort_stops_a_stream_without_further_signals(qtbot, ctx):
     stream.abort()
     qtbot.wait(300)
     assert seen == []
+
+
+def test_the_admin_token_goes_to_admin_routes_only(qtbot):
+    """What a server sees (a plain HTTP server on loopback recording Authorization): the
+    admin token on admin calls, the API key or nothing on the rest."""
+    import http.server
+    import threading
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = WorkerClient()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for api_key in (None, "editor-key"):
+            client.configure(url, api_key, "admin-secret")
+            for path, admin in (("/v1/models", False), ("/v1/limits", True)):
+                reply = client.get(path, admin=admin)
+                with qtbot.waitSignal(reply.finished, timeout=10_000):
+                    pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [("/v1/models", None), ("/v1/limits", "Bearer admin-secret"),
+                    ("/v1/models", "Bearer editor-key"), ("/v1/limits", "Bearer admin-secret")]

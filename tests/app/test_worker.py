@@ -123,3 +123,36 @@ def test_sigterm_closes_the_app_and_its_worker(tmp_path, models_root):
     assert alive == []
     settings = (tmp_path / "home" / "config" / "settings.ini").read_text()
     assert "geometry" in settings  # the window's state was saved on the way out
+
+
+def test_the_api_key_reaches_the_worker_through_its_environment_not_argv(
+        qtbot, models_root, app_home, monkeypatch):
+    """Every local user can read a process's command line: the key is not on it, yet the
+    worker asks for it; a key in the user's own environment does not leak into a worker
+    the app starts without one."""
+    import httpx
+
+    monkeypatch.setenv("ONNX_LOCAL_LLM_API_KEY", "from-the-users-shell")
+    worker = WorkerProcess()
+    with qtbot.waitSignal(worker.ready, timeout=60_000) as ready:
+        worker.start(WorkerOptions(model=str(models_root / TINY), api_key="s3cret-key",
+                                   admin_token_file=str(app_home / "token")))
+    try:
+        info = ready.args[0]
+        cmdline = " ".join(psutil.Process(info.pid).cmdline())
+        assert "s3cret-key" not in cmdline and "--api-key" not in cmdline
+        assert httpx.get(f"{info.url}/v1/models", timeout=30).status_code == 401
+        keyed = httpx.get(f"{info.url}/v1/models", timeout=30,
+                          headers={"Authorization": "Bearer s3cret-key"})
+        assert keyed.status_code == 200
+        assert info.log_file and Path(info.log_file).is_file()
+    finally:
+        worker.stop()
+    open_worker = WorkerProcess()
+    with qtbot.waitSignal(open_worker.ready, timeout=60_000) as ready:
+        open_worker.start(WorkerOptions(model=str(models_root / TINY),
+                                        admin_token_file=str(app_home / "token")))
+    try:
+        assert httpx.get(f"{ready.args[0].url}/v1/models", timeout=30).status_code == 200
+    finally:
+        open_worker.stop()
