@@ -256,7 +256,8 @@ class Engine:
                     f"(0..{self.spec.vocab_size - 1})",
                     hint="encode the prompt with this model's tokenizer")
         elif request.messages is not None:
-            ids = self.tokenizer.encode_chat(request.messages, add_generation_prompt=True)
+            ids = self.tokenizer.encode_chat(request.messages, add_generation_prompt=True,
+                                             tools=request.tools)
         else:
             assert request.prompt is not None
             # a raw prompt starts as the model's tokenizer starts one (Hugging Face,

@@ -1,0 +1,1 @@
+"""One generation: the request, logits processors, sampling, stopping, constraints."""
