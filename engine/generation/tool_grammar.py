@@ -31,13 +31,28 @@ def _lit(text: str) -> str:
     return json.dumps(text)
 
 
-def call_schema(tools: Sequence[Tool], args_key: str) -> dict[str, Any]:
-    """One call object: ``{"name": <a tool>, args_key: <its arguments>}``."""
+def _rebase(value: Any, base: str) -> Any:
+    """``value`` with its local ``$ref``s ("#/...") pointing below ``base``: a tool's
+    parameters sit inside the call object, so "#" is no longer their root."""
+    if isinstance(value, dict):
+        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                    else _rebase(v, base)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rebase(v, base) for v in value]
+    return value
+
+
+def call_schema(tools: Sequence[Tool], args_key: str, root: str = "#") -> dict[str, Any]:
+    """One call object: ``{"name": <a tool>, args_key: <its arguments>}`` (``root``: where
+    the object sits in the whole schema)."""
+    many = len(tools) > 1
     options = [{"type": "object",
-                "properties": {"name": {"const": t.name}, args_key: dict(t.parameters)},
+                "properties": {"name": {"const": t.name}, args_key: _rebase(
+                    dict(t.parameters),
+                    f"{root}{f'/anyOf/{i}' if many else ''}/properties/{args_key}")},
                 "required": ["name", args_key], "additionalProperties": False}
-               for t in tools]
-    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+               for i, t in enumerate(tools)]
+    schema: dict[str, Any] = {"anyOf": options} if many else options[0]
     return {**schema, "x-guidance": _JSON_STYLE}
 
 
@@ -67,7 +82,8 @@ def tool_grammar(syntax: CallSyntax, tools: Sequence[Tool], *, mode: Mode,
     close = f"<[{syntax.close_id}]>" if syntax.close_id is not None else _lit(syntax.close)
     rules = [f"call: %json {one}"]
     if syntax.format == "mistral":
-        array = {"type": "array", "items": json.loads(one), "minItems": 1,
+        array = {"type": "array", "items": call_schema(tools, syntax.args_key, "#/items"),
+                 "minItems": 1,
                  **({} if parallel else {"maxItems": 1}), "x-guidance": _JSON_STYLE}
         rules = [f"calls: {marker} rest", f"rest: %json {json.dumps(array)}"]
     elif syntax.format == "llama3":

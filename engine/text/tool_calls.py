@@ -41,8 +41,8 @@ class ToolError(InvalidOptionError):
 
     def __init__(self, index: int, name: str | None, reason: str, hint: str | None = None
                  ) -> None:
-        label = f"tools[{index}]" + (f" ({name!r})" if name else "")
-        super().__init__("tools", f"{label}: {reason}", hint=hint)
+        super().__init__(f"tools[{index}]" + (f" ({name!r})" if name else ""), reason,
+                         hint=hint)
         self.index = index
         self.name = name
 

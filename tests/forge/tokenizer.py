@@ -170,21 +170,26 @@ HERMES_CHAT_TEMPLATE = r"""{%- if tools %}
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
 {{- '# Tools\n\nYou may call functions to answer. They are listed in <tools></tools>:\n<tools>' }}
 {%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
-{{- '\n</tools>\n\nFor each call, write a JSON object with the function name and arguments in <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{{- '\n</tools>\n\nFor each call, write a JSON object with the function name and ' }}
+{{- 'arguments in <tool_call></tool_call> tags:\n<tool_call>\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
 {%- for message in messages %}
 {%- if message.role == 'system' and loop.first %}
 {%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
 {{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
 {%- elif message.role == 'assistant' and message.tool_calls %}
 {{- '<|im_start|>assistant' }}
 {%- if message.content %}{{- '\n' + message.content }}{%- endif %}
 {%- for call in message.tool_calls %}
-{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\n</tool_call>' }}
+{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' }}
+{{- (call.function.arguments | tojson) + '}\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\n' }}
 {%- else %}
