@@ -7,6 +7,10 @@ whose ``name`` is one of the tools and whose arguments match that tool's ``param
   arguments validate whichever way the model goes;
 - ``parallel`` False: at most one call.
 
+A call's arguments hold the declared parameters only: an object schema that lists
+``properties`` without saying ``additionalProperties`` takes no others (as llama.cpp's
+grammars do; a random or weak model otherwise invents keys without end).
+
 The JSON is compact with ``", "`` / ``": "`` separators (``json.dumps``' own, which the
 models were trained on); a marker that is a special token is named by id (``<[id]>``),
 which lets the constraint emit it (engine.guidance bans other special tokens).
@@ -42,13 +46,38 @@ def _rebase(value: Any, base: str) -> Any:
     return value
 
 
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+
+
+def _closed(schema: Any) -> Any:
+    """Objects that list their ``properties`` and say nothing of others take no others (as
+    llama.cpp's grammars do): a call's arguments are the declared parameters. Subschemas
+    of ``allOf`` are left as they are (closing each would refuse their union)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _closed(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(v) for v in out[key]]
+    if isinstance(out.get("items"), dict):
+        out["items"] = _closed(out["items"])
+    return out
+
+
 def call_schema(tools: Sequence[Tool], args_key: str, root: str = "#") -> dict[str, Any]:
     """One call object: ``{"name": <a tool>, args_key: <its arguments>}`` (``root``: where
     the object sits in the whole schema)."""
     many = len(tools) > 1
     options = [{"type": "object",
                 "properties": {"name": {"const": t.name}, args_key: _rebase(
-                    dict(t.parameters),
+                    _closed(dict(t.parameters)),
                     f"{root}{f'/anyOf/{i}' if many else ''}/properties/{args_key}")},
                 "required": ["name", args_key], "additionalProperties": False}
                for i, t in enumerate(tools)]

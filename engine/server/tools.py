@@ -189,8 +189,9 @@ def _arguments(call: CallEnd) -> Any:
 
 
 def ollama_calls(calls: Sequence[CallEnd]) -> list[dict[str, Any]]:
+    """Complete calls only (Ollama's arguments are an object; a cut one has none)."""
     return [{"function": {"index": c.index, "name": c.name, "arguments": _arguments(c)}}
-            for c in calls]
+            for c in calls if c.complete]
 
 
 def ollama_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
@@ -199,7 +200,7 @@ def ollama_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     for event in events:
         if isinstance(event, Text):
             out.append({"role": "assistant", "content": event.text})
-        elif isinstance(event, CallEnd):
+        elif isinstance(event, CallEnd) and event.complete:
             out.append({"role": "assistant", "content": "",
                         "tool_calls": ollama_calls([event])})
     return out

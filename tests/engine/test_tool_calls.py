@@ -205,3 +205,15 @@ def test_local_refs_in_parameters_still_resolve(tokenizer):
     ok = '<tool_call>\n{"name": "b", "arguments": {"unit": "f"}}\n</tool_call>'
     assert _matches(tokenizer, grammar, ok)
     assert not _matches(tokenizer, grammar, ok.replace('"f"', '"k"'))
+
+
+def test_arguments_hold_the_declared_parameters_only(tokenizer):
+    base = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    extra = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    closed = check_tools([{"function": {"name": "f", "parameters": base}}])
+    opened = check_tools([{"function": {"name": "f", "parameters": {
+        **base, "additionalProperties": True}}}])
+    assert not _matches(tokenizer, tool_grammar(HERMES, closed, mode="required",
+                                                parallel=False), extra)
+    assert _matches(tokenizer, tool_grammar(HERMES, opened, mode="required", parallel=False),
+                    extra)
