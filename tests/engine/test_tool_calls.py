@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import llguidance
 import pytest
@@ -92,7 +93,7 @@ def test_a_schema_llguidance_refuses_names_its_tool():
 
 
 def test_the_template_renders_tools_calls_and_results(hermes_tokenizer):
-    messages = [
+    messages: Any = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [{
             "id": "call_1", "type": "function",
@@ -109,7 +110,7 @@ def test_the_template_renders_tools_calls_and_results(hermes_tokenizer):
 
 
 def test_the_generic_layout_puts_tools_in_the_system_turn(tokenizer):
-    messages = [
+    messages: Any = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [{

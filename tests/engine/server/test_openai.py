@@ -159,7 +159,7 @@ def test_refusals_are_clear_4xx_answers(client):
     with pytest.raises(openai.BadRequestError, match="tools.0.: the function has no name"):
         client.chat.completions.create(
             model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
-            tools=[{"type": "function", "function": {"parameters": {}}}])  # type: ignore
+            tools=[{"type": "function", "function": {"parameters": {}}}])
 
 
 def test_context_overflow_is_a_400_with_the_numbers(client, server):

@@ -32,7 +32,7 @@ TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "get_time", "description": "The time",
                                       "parameters": TIME}}]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 MODEL = "hermes-chat"
 
 
@@ -54,7 +54,7 @@ def generic_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
     live.stop()
 
 
-def _client(server: LiveServer) -> openai.OpenAI:
+def _client(server: LiveServer) -> Any:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
@@ -82,6 +82,7 @@ def test_a_two_turn_exchange_calls_then_answers(hermes_server: LiveServer):
     assert answer.message.tool_calls is None
     assert isinstance(answer.message.content, str) and answer.message.content
     # the call and its result are in the second prompt
+    assert second.usage is not None and first.usage is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
 
 
@@ -100,7 +101,7 @@ def test_required_calls_validate_at_temperature_one_over_50_seeds(hermes_server)
     assert names == {"get_weather", "get_time"}  # the model picks; both come up
 
 
-def _streamed(client: openai.OpenAI, **kwargs: Any) -> tuple[str, list[dict[str, str]], str]:
+def _streamed(client: Any, **kwargs: Any) -> tuple[str, list[dict[str, str]], str]:
     content, calls, finish = "", dict[int, dict[str, str]](), ""
     order: list[str] = []
     for chunk in client.chat.completions.create(stream=True, **kwargs):
@@ -254,3 +255,15 @@ def test_stream_chunks_have_the_openai_tool_call_shape(hermes_server: LiveServer
                      for d in deltas if "tool_calls" in d)
     jsonschema.validate(json.loads(joined), SCHEMAS[first["function"]["name"]])
 
+
+
+def test_a_session_turn_with_tools_answers_as_a_plain_request(hermes_server: LiveServer):
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+            "temperature": 0, "max_tokens": 120, "parallel_tool_calls": False}
+    with hermes_server.client() as http:
+        plain = http.post("/v1/chat/completions", json=body).json()
+        kept = http.post("/v1/chat/completions", json=body,
+                         headers={"X-Session-Id": "tools-1"}).json()
+    calls = [c["function"] for c in plain["choices"][0]["message"]["tool_calls"]]
+    assert calls == [c["function"] for c in kept["choices"][0]["message"]["tool_calls"]]
+    assert kept["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]

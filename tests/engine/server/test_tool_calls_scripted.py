@@ -27,7 +27,7 @@ WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 10},
                           "unit": {"enum": ["celsius", "fahrenheit"]}},
            "required": ["city", "unit"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
+TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "The weather in a city", "parameters": WEATHER}}]
 #: Ollama's client keeps only type/description/enum/items of each property (it drops
 #: maxLength and additionalProperties): enums keep a random model's arguments short.
@@ -35,11 +35,11 @@ PLACES = {"type": "object",
           "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
           "required": ["city", "unit"]}
-OLLAMA_TOOLS = [{"type": "function", "function": {
+OLLAMA_TOOLS: Any = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city", "parameters": PLACES}}]
-OPENAI_ASK = [{"role": "user", "content": "Weather in Paris?"}]
+OPENAI_ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
 #: Longer than the OpenAI question: the two scripts sit at different positions.
-OLLAMA_ASK = [{"role": "user", "content": "What will the weather be like in Paris this "
+OLLAMA_ASK: Any = [{"role": "user", "content": "What will the weather be like in Paris this "
                                           "afternoon, and should I take an umbrella along? "
                                           "I will be walking around the city for hours."}]
 OPENAI_SCRIPT = "Let me check. <tool_call>"
@@ -47,11 +47,12 @@ OLLAMA_SCRIPT = "<tool_call>"
 
 
 def _prompt_lengths(live: LiveServer) -> tuple[int, int]:
-    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    client: Any = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
     first = client.chat.completions.create(model=MODEL, messages=OPENAI_ASK, tools=TOOLS,
                                            max_tokens=1, tool_choice="none")
     second = ollama.Client(host=live.url).chat(model=MODEL, messages=OLLAMA_ASK,
                                                tools=OLLAMA_TOOLS, options={"num_predict": 1})
+    assert first.usage is not None and second.prompt_eval_count is not None
     return first.usage.prompt_tokens, second.prompt_eval_count
 
 
@@ -79,7 +80,7 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 
 def test_auto_keeps_the_text_and_constrains_the_call(caller: LiveServer):
-    client = openai.OpenAI(base_url=caller.url + "/v1", api_key="unused", max_retries=0)
+    client: Any = openai.OpenAI(base_url=caller.url + "/v1", api_key="unused", max_retries=0)
     for seed in range(8):
         reply = client.chat.completions.create(
             model=MODEL, messages=OPENAI_ASK, tools=TOOLS, seed=seed, temperature=1.0,
@@ -126,8 +127,8 @@ def test_ollama_client_chat_with_tools(caller: LiveServer):
         streamed += part.message.tool_calls or []
     assert _check_calls(streamed) == arguments
     # the second turn: the call and its result go back, the model answers in text
-    history = [*OLLAMA_ASK, reply.message,
+    history: Any = [*OLLAMA_ASK, reply.message,
                {"role": "tool", "tool_name": "get_weather", "content": "18 C and dry"}]
     final = client.chat(model=MODEL, messages=history, tools=OLLAMA_TOOLS,
                         options={"seed": 4, "num_predict": 6})
-    assert final.done and final.prompt_eval_count > reply.prompt_eval_count
+    assert final.done and (final.prompt_eval_count or 0) > (reply.prompt_eval_count or 0)
