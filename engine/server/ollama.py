@@ -299,7 +299,7 @@ async def chat(body: OllamaChatRequest, request: Request,
     if needs_plan(body.tools, history):
         plan = plan_tools(model, body.tools, None, None, history)
         gen = GenerateRequest(messages=plan.messages, tools=plan.template_tools,
-                              options=constrain(plan, options, None))
+                              options=constrain(plan, options, None, "format"))
         return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep, tools=plan)
     gen = GenerateRequest(messages=messages, options=options)
     return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep)

@@ -19,12 +19,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.config import GenerateOptions
-from engine.errors import InvalidOptionError
+from engine.errors import InvalidOptionError, TokenizerError
 from engine.generation.tool_grammar import Mode, check_tool_schemas, tool_constraint
 from engine.server.errors import ApiError
 from engine.server.generation import Chunk
 from engine.server.models import LoadedModel
-from engine.text.tool_calls import CallSyntax, Tool, check_tools, detect_syntax, prompt_messages
+from engine.text.tool_calls import (
+    CallSyntax,
+    Tool,
+    check_tools,
+    detect_syntax,
+    fold_system,
+    prompt_messages,
+)
 from engine.text.tool_parse import Arguments, CallEnd, CallParser, CallStart, Event, Text
 
 
@@ -90,20 +97,41 @@ def plan_tools(model: LoadedModel, raw_tools: Sequence[Any] | None, choice: Any,
         raise ApiError(400, f"tool_choice: {mode} needs tools", param="tool_choice")
     syntax = detect_syntax(model.engine.tokenizer)
     shown, template_tools = prompt_messages(messages, tools, syntax)
+    if syntax.layout == "generic" and shown and shown[0].get("role") == "system":
+        shown = _system_or_folded(model, shown)
     plan = ToolPlan(syntax, tools, None if parallel is not False else 1, mode != "none",
                     tuple(shown), tuple(template_tools) if template_tools else None)
     return plan if only is None else replace(
         plan, tools=tuple(t for t in tools if t.name == only))
 
 
-def constrain(plan: ToolPlan, options: GenerateOptions, choice: Any) -> GenerateOptions:
+def _system_or_folded(model: LoadedModel, shown: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """The generic layout's system turn, or (a template that refuses a system role, as
+    Gemma 2's and early Mistral's do) the same text at the start of the first user turn."""
+    try:
+        model.engine.tokenizer.apply_chat_template(shown)
+    except TokenizerError:
+        folded = fold_system(shown)
+        try:
+            model.engine.tokenizer.apply_chat_template(folded)
+        except TokenizerError:
+            return shown  # the request's own error, reported when it runs
+        return folded
+    return shown
+
+
+def constrain(plan: ToolPlan, options: GenerateOptions, choice: Any,
+              format_param: str = "response_format") -> GenerateOptions:
     """The options with the call constraint (none for ``tool_choice: "none"``)."""
     if not plan.parse:
         return options
     if options.constraint is not None:
-        raise ApiError(400, "response_format: cannot be combined with tools the model may "
-                       "call", param="response_format",
-                       hint='send tool_choice: "none" to answer in the format, or drop it')
+        raise ApiError(400, f"{format_param}: cannot be combined with tools the model may "
+                       "call", param=format_param,
+                       hint='send tool_choice: "none" to answer in the format, or drop '
+                       f"{format_param}" if format_param == "response_format"
+                       else f"drop {format_param} or the tools")
     mode: Mode = "required" if choice == "required" or isinstance(choice, Mapping) else "auto"
     try:
         spec = tool_constraint(plan.syntax, plan.tools, mode=mode,

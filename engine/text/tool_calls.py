@@ -233,6 +233,16 @@ def _generic_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Too
     return out
 
 
+def fold_system(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The system message moved to the start of the first user message, for templates
+    that refuse a system role (the generic layout's fallback)."""
+    out = [dict(m) for m in messages]
+    if len(out) > 1 and out[0].get("role") == "system" and out[1].get("role") == "user":
+        system = out.pop(0)
+        out[0]["content"] = f"{system.get('content') or ''}\n\n{out[0].get('content') or ''}"
+    return out
+
+
 def prompt_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool],
                     syntax: CallSyntax) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages and the ``tools`` variable the chat template renders."""

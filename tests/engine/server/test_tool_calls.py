@@ -267,3 +267,46 @@ def test_a_session_turn_with_tools_answers_as_a_plain_request(hermes_server: Liv
     calls = [c["function"] for c in plain["choices"][0]["message"]["tool_calls"]]
     assert calls == [c["function"] for c in kept["choices"][0]["message"]["tool_calls"]]
     assert kept["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+
+def test_ollama_format_with_tools_is_a_400(hermes_server: LiveServer):
+    with hermes_server.client() as http:
+        reply = http.post("/api/chat", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
+                                             "format": "json", "stream": False})
+    assert reply.status_code == 400
+    assert reply.json()["error"].startswith("format: cannot be combined with tools")
+
+
+NO_SYSTEM_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{%- endif %}{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{{ message.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_a_template_without_a_system_role_gets_the_tools_in_the_user_turn(
+        tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("no-system")
+    folder = set_chat_template(write_model(root / "strict", ForgeSpec(context=1024)),
+                               NO_SYSTEM_TEMPLATE)
+    live = serve(folder, root)
+    try:
+        with live.client() as http:
+            plain = http.post("/v1/chat/completions", json={
+                "model": "strict", "messages": ASK, "max_tokens": 1}).json()
+            called = http.post("/v1/chat/completions", json={
+                "model": "strict", "messages": ASK, "tools": TOOLS, "max_tokens": 160,
+                "tool_choice": "required", "parallel_tool_calls": False, "seed": 2})
+            refused = http.post("/v1/chat/completions", json={
+                "model": "strict", "max_tokens": 1,
+                "messages": [{"role": "system", "content": "x"}, *ASK]})
+    finally:
+        live.stop()
+    assert called.status_code == 200, called.text
+    body = called.json()
+    assert body["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 100
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                        SCHEMAS[call["function"]["name"]])
+    # without tools the template's own refusal stands
+    assert refused.status_code == 400 and "System role not supported" in refused.text
