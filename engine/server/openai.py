@@ -263,8 +263,10 @@ async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: boo
                 break
             if want_logprobs and item.logprob is not None:
                 pending.append(_chat_logprob(meta.tokenizer, item.logprob))
-            deltas = [{"content": item.text}] if item.text and parser is None else \
-                openai_deltas(parser.feed(item.text, item.token_id)) if parser else []
+            if parser is not None:
+                deltas = openai_deltas(parser.feed(item.text, item.token_id))
+            else:
+                deltas = [{"content": item.text}] if item.text else []
             for delta in deltas:
                 yield chunk(delta, None, pending or None)
                 pending = []
