@@ -32,7 +32,15 @@ from engine.text.tool_calls import (
     fold_system,
     prompt_messages,
 )
-from engine.text.tool_parse import Arguments, CallEnd, CallParser, CallStart, Event, Text
+from engine.text.tool_parse import (
+    Arguments,
+    CallEnd,
+    CallParser,
+    CallStart,
+    Event,
+    Text,
+    parse_answer,
+)
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,12 @@ class ToolPlan:
     messages: tuple[Mapping[str, Any], ...]
     template_tools: tuple[Mapping[str, Any], ...] | None
 
+    @property
+    def call_limit(self) -> int | None:
+        return self.max_calls if self.parse else 0
+
     def parser(self) -> CallParser:
-        return CallParser(self.syntax, max_calls=self.max_calls if self.parse else 0)
+        return CallParser(self.syntax, max_calls=self.call_limit)
 
 
 def capabilities(model: LoadedModel) -> dict[str, str] | None:
@@ -142,12 +154,9 @@ def constrain(plan: ToolPlan, options: GenerateOptions, choice: Any,
 
 
 def parse_chunks(plan: ToolPlan, chunks: Sequence[Chunk]) -> tuple[str, tuple[CallEnd, ...]]:
-    parser = plan.parser()
-    events: list[Event] = []
-    for chunk in chunks:
-        events += parser.feed(chunk.text, chunk.token_id)
-    events += parser.finish()
-    return "".join(e.text for e in events if isinstance(e, Text)), tuple(parser.calls)
+    parsed = parse_answer(plan.syntax, [(c.text, c.token_id) for c in chunks],
+                          max_calls=plan.call_limit)
+    return parsed.content, parsed.calls
 
 
 # --- OpenAI ------------------------------------------------------------------------------

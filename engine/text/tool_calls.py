@@ -43,8 +43,6 @@ class ToolError(InvalidOptionError):
                  ) -> None:
         super().__init__(f"tools[{index}]" + (f" ({name!r})" if name else ""), reason,
                          hint=hint)
-        self.index = index
-        self.name = name
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,7 +341,7 @@ class Parsed:
     calls: tuple[CallEnd, ...]
 
 
-def parse_answer(syntax: CallSyntax, pieces: list[tuple[str, int | None]],
+def parse_answer(syntax: CallSyntax, pieces: Sequence[tuple[str, int | None]],
                  max_calls: int | None = None) -> Parsed:
     """A whole answer (its text pieces and token ids) as content and calls."""
     parser = CallParser(syntax, max_calls=max_calls)
