@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from engine.default_model import default_model_dir
 from tests.engine.server.live import LiveServer, serve, write_model
 from tests.forge import ForgeSpec
 from tests.forge.tokenizer import HERMES_CHAT_TEMPLATE, set_chat_template
@@ -310,3 +311,30 @@ def test_a_template_without_a_system_role_gets_the_tools_in_the_user_turn(
                         SCHEMAS[call["function"]["name"]])
     # without tools the template's own refusal stands
     assert refused.status_code == 400 and "System role not supported" in refused.text
+
+
+def test_the_builtin_model_calls_in_the_generic_layout():
+    """SmolLM2-135M-Instruct (no tool support in its template) at temperature 1: whatever
+    it picks, the call parses and validates; given the result, it answers in text."""
+    folder = default_model_dir()
+    if folder is None:
+        pytest.skip("the built-in model is not in this checkout")
+    live = serve(folder, folder.parent)
+    try:
+        client = _client(live)
+        assert client.models.list().data[0].meta["tool_calls"] == {"format": "hermes",
+                                                                   "layout": "generic"}
+        for seed in range(3):
+            first = client.chat.completions.create(
+                model="", messages=ASK, tools=TOOLS, tool_choice="required", seed=seed,
+                temperature=1.0, max_tokens=120, parallel_tool_calls=False).choices[0]
+            assert first.finish_reason == "tool_calls"
+            (call,) = first.message.tool_calls
+            _valid(call)
+            history = [*ASK, first.message.model_dump(exclude_none=True),
+                       {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+            second = client.chat.completions.create(
+                model="", messages=history, tools=TOOLS, seed=seed, max_tokens=40).choices[0]
+            assert second.message.content and not second.message.tool_calls
+    finally:
+        live.stop()
