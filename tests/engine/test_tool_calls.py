@@ -218,3 +218,16 @@ def test_arguments_hold_the_declared_parameters_only(tokenizer):
                                                 parallel=False), extra)
     assert _matches(tokenizer, tool_grammar(HERMES, opened, mode="required", parallel=False),
                     extra)
+
+
+def test_a_special_marker_counts_by_its_token_id():
+    # the detokenizer drops special tokens: the marker arrives as an id with no text
+    syntax = CallSyntax("mistral", "template", "[TOOL_CALLS]", "", "arguments", open_id=7)
+    pieces: list[tuple[str, int | None]] = [("Checking.", 11), ("", 7)]
+    pieces += [(ch, None) for ch in f"[{CALL1}]"]
+    parsed = parse_answer(syntax, pieces)
+    assert parsed.content == "Checking."
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
+        ("get_weather", {"city": "Paris", "unit": "c"})]
+    # without the id the same text is no call
+    assert not parse_answer(syntax, [("Checking.", 11), (f"[{CALL1}]", None)]).calls
