@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError, InvalidPromptError
@@ -22,10 +24,12 @@ class GenerateRequest:
     """
 
     prompt: str | None = None
-    messages: tuple[ChatMessage, ...] | None = None
+    messages: tuple[ChatMessage | Mapping[str, Any], ...] | None = None
     token_ids: tuple[int, ...] | None = None
     options: GenerateOptions = field(default_factory=GenerateOptions)
     sampler: CustomSampler | None = None
+    #: The chat template's ``tools`` (OpenAI function objects; engine.text.tool_calls).
+    tools: tuple[Mapping[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]

@@ -10,7 +10,7 @@ temperature / top-k / top-p / min-p).
 The rules of a constrained generation:
 
 - The request's end ids (EOS) are allowed only where the grammar accepts the text so far;
-  special tokens the grammar does not name never are.
+  special tokens the grammar does not name (by id, ``<[id]>``) never are.
 - When the grammar can take nothing more (an object closed, a regex matched to its end),
   generation ends with finish reason ``json_complete`` (the worker reports a natural
   stop); a top-level number stays open until EOS.
@@ -23,6 +23,7 @@ The rules of a constrained generation:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
@@ -60,6 +61,13 @@ def guidance_tokenizer(tokenizer: Tokenizer, n_vocab: int) -> llguidance.LLToken
         return found
 
 
+def _named_tokens(spec: ConstraintSpec) -> set[int]:
+    """Token ids a Lark grammar names (``<[id]>``): special tokens it may emit."""
+    if spec.kind != "grammar" or not spec.text:
+        return set()
+    return {int(m) for m in re.findall(r"<\[(\d+)\]>", spec.text)}
+
+
 class TokenConstraint:
     """One request's matcher: follows its generated ids (``sync``, rewinds included) and
     masks the logits. ``end_ids`` (the request's EOS ids) are allowed only where the
@@ -79,7 +87,8 @@ class TokenConstraint:
                                      f"{self._matcher.get_error()}")
         self._end = np.array(sorted({i for i in end_ids if 0 <= i < n_vocab}), dtype=np.intp)
         self._end_set = frozenset(int(i) for i in self._end)
-        never = {i for i in (*banned_ids, *lltok.eos_tokens) if 0 <= i < n_vocab}
+        named = _named_tokens(spec)
+        never = {i for i in (*banned_ids, *lltok.eos_tokens) if 0 <= i < n_vocab} - named
         self._never = np.array(sorted(never), dtype=np.intp)
         self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         self._consumed: list[int] = []

@@ -49,6 +49,17 @@ from engine.server.streaming import (
     items_after,
     ndjson,
 )
+from engine.server.tools import (
+    ToolPlan,
+    capabilities,
+    constrain,
+    needs_plan,
+    ollama_calls,
+    ollama_history,
+    ollama_messages,
+    parse_chunks,
+    plan_tools,
+)
 from engine.text.fim_plain import fim_layout
 from engine.text.tokenizer import ChatMessage
 
@@ -144,6 +155,7 @@ async def show(body: OllamaShowRequest, ctx: Ctx
     params += [("stop", json.dumps(s, ensure_ascii=False)) for s in _stop_texts(engine)]
     parameters = "\n".join(f"{key:<30} {value}" for key, value in params)
     template = fim_template(engine)
+    tools = capabilities(model)
     modelfile = "\n".join([f"# Modelfile of {model.id} (served by onnx-local-llm)",
                            f"FROM {model.path}", f'TEMPLATE """{template}"""',
                            *(f"PARAMETER {k} {v}" for k, v in params)])
@@ -152,7 +164,8 @@ async def show(body: OllamaShowRequest, ctx: Ctx
             "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
             "model_info": {"general.architecture": model.family,
                            f"{model.family}.context_length": engine.context_length},
-            "capabilities": ["completion", "insert"], "modified_at": _iso(model.loaded_at)}
+            "capabilities": ["completion", "insert", *(["tools"] if tools else [])],
+            "tool_calls": tools, "modified_at": _iso(model.loaded_at)}
 
 
 def _stats(final: Final) -> dict[str, Any]:
@@ -174,36 +187,51 @@ def _refuse(images: Any) -> None:
 
 async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen: GenerateRequest,
                   stream: bool, shape: Callable[[str], dict[str, Any]], keep: float | None,
-                  priority: str = "normal") -> Response | dict[str, Any]:
+                  priority: str = "normal", tools: ToolPlan | None = None
+                  ) -> Response | dict[str, Any]:
     alive = keep_alive_of(ctx.models)
     alive.begin()
     try:
         handle = ctx.submit(model, gen, priority="high" if priority == "high" else "normal")
         first = await first_item(handle, request, OLLAMA_RENAMES)
         if stream:
-            return JobStreamingResponse(_lines(first, handle, model, shape, keep, ctx),
+            return JobStreamingResponse(_lines(first, handle, model, shape, keep, ctx, tools),
                                         [handle], "application/x-ndjson")
-        _, final = await collect(handle, request, first, OLLAMA_RENAMES)
+        chunks, final = await collect(handle, request, first, OLLAMA_RENAMES)
     except BaseException:
         await alive.end(None)
         raise
     await alive.end(keep)
-    return {"model": model.id, "created_at": _now(), **shape(final.text), "done": True,
+    answer = shape(final.text)
+    if tools is not None:
+        content, calls = parse_chunks(tools, chunks)
+        answer = {"message": {"role": "assistant", "content": content}}
+        if calls:
+            answer["message"]["tool_calls"] = ollama_calls(calls)
+    return {"model": model.id, "created_at": _now(), **answer, "done": True,
             **_stats(final)}
 
 
 async def _lines(first: Item, handle: Any, model: LoadedModel,
                  shape: Callable[[str], dict[str, Any]], keep: float | None,
-                 ctx: ServerContext) -> AsyncIterator[bytes]:
+                 ctx: ServerContext, tools: ToolPlan | None = None) -> AsyncIterator[bytes]:
     ended: float | None = None
+    parser = tools.parser() if tools is not None else None
     try:
         async for item in items_after(first, handle):
             if isinstance(item, Final):
+                for message in ollama_messages(parser.finish()) if parser else []:
+                    yield ndjson({"model": model.id, "created_at": _now(), "message": message,
+                                  "done": False})
                 yield ndjson({"model": model.id, "created_at": _now(), **shape(""),
                               "done": True, **_stats(item)})
                 ended = keep
                 return
-            if item.text:
+            if parser is not None:
+                for message in ollama_messages(parser.feed(item.text, item.token_id)):
+                    yield ndjson({"model": model.id, "created_at": _now(), "message": message,
+                                  "done": False})
+            elif item.text:
                 yield ndjson({"model": model.id, "created_at": _now(), **shape(item.text),
                               "done": False})
     except ApiError as exc:
@@ -265,10 +293,17 @@ async def chat(body: OllamaChatRequest, request: Request,
                 "message": {"role": "assistant", "content": ""}, "done": True,
                 "done_reason": "load"}
     _refuse(any(m.images for m in body.messages))
-    if body.tools:
-        raise ApiError(501, "tools are not supported by this worker yet", code="not_supported")
     messages = tuple(ChatMessage(m.role, m.content) for m in body.messages)
-    gen = GenerateRequest(messages=messages,
-                          options=ollama_options(body.options, model, body.format))
-    return await _answer(ctx, request, model, gen, body.stream,
-                         lambda text: {"message": {"role": "assistant", "content": text}}, keep)
+    options = ollama_options(body.options, model, body.format)
+    history = ollama_history(body.messages)
+    if needs_plan(body.tools, history):
+        plan = plan_tools(model, body.tools, None, None, history)
+        gen = GenerateRequest(messages=plan.messages, tools=plan.template_tools,
+                              options=constrain(plan, options, None, "format"))
+        return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep, tools=plan)
+    gen = GenerateRequest(messages=messages, options=options)
+    return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep)
+
+
+def _chat_shape(text: str) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}}

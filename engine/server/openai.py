@@ -8,7 +8,10 @@
   without FIM tokens completes code from the prompt alone (``engine.text.fim_plain``: the
   suffix trims the answer; ``fim_lines`` picks one line or a block) when the suffix is
   not empty; an empty suffix there is a plain completion.
-- ``n`` / ``best_of`` above 1 and ``tools`` are refused with a message.
+- ``n`` / ``best_of`` above 1 are refused with a message.
+- ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: engine/server/tools.py (the
+  calls come back as ``message.tool_calls``, streamed name first, then argument
+  fragments; ``finish_reason: "tool_calls"``).
 - ``response_format`` ``json_object`` / ``json_schema`` (chat and completions) constrain
   the answer to JSON, this worker's ``regex`` / ``grammar`` types to a regex or a GBNF /
   Lark grammar (llguidance; engine/server/options.py); a closed value ends with
@@ -51,8 +54,19 @@ from engine.server.streaming import (
     items_after,
     sse,
 )
+from engine.server.tools import (
+    capabilities,
+    constrain,
+    needs_plan,
+    openai_calls,
+    openai_deltas,
+    openai_history,
+    parse_chunks,
+    plan_tools,
+)
 from engine.text.fim_plain import fim_layout
 from engine.text.tokenizer import ChatMessage, Tokenizer
+from engine.text.tool_parse import CallParser
 
 router = APIRouter(tags=["OpenAI"])
 
@@ -77,6 +91,9 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
                      "fim": engine.fim_family.name if engine.fim_family else None,
                      "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
                      "format": engine.model.format, "provider": engine.provider,
+                     "capabilities": ["completion", "chat", "tools"]
+                     if engine.tokenizer.has_chat_template else ["completion"],
+                     "tool_calls": capabilities(model),
                      "path": str(model.path)}}
 
 
@@ -166,9 +183,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     model = ctx.models.require(body.model)
     session = session_name(x_session_id)
     _refuse_many(body.n, "n")
-    if body.tools:
-        raise ApiError(501, "tools: tool calling is not supported by this worker yet",
-                       param="tools", code="not_supported", hint="send the request without tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
     messages = tuple(ChatMessage(m.role, _message_text(m, i)) for i, m in enumerate(body.messages))
@@ -176,14 +190,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         else body.max_tokens
     options = openai_options(body, model, max_tokens=max_tokens,
                              top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-    handle = ctx.submit(model, GenerateRequest(messages=messages, options=options),
-                        session=session)
+    history = openai_history(body.messages, [m.content for m in messages])
+    plan = plan_tools(model, body.tools, body.tool_choice, body.parallel_tool_calls,
+                      history) if needs_plan(body.tools, history) else None
+    gen = GenerateRequest(messages=messages, options=options) if plan is None else \
+        GenerateRequest(messages=plan.messages, tools=plan.template_tools,
+                        options=constrain(plan, options, body.tool_choice))
+    handle = ctx.submit(model, gen, session=session)
     first = await first_item(handle, request, OPENAI_RENAMES)
     meta = _meta("chat.completion", "chatcmpl", model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
+        parser = plan.parser() if plan is not None else None
         streaming = JobStreamingResponse(_chat_stream(first, handle, meta, include_usage,
-                                                      body.logprobs), [handle],
+                                                      body.logprobs, parser), [handle],
                                          "text/event-stream")
         if session is not None:
             streaming.headers[HEADER] = session
@@ -195,14 +215,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     if body.logprobs:
         logprobs = {"content": [_chat_logprob(meta.tokenizer, c.logprob) for c in chunks
                                 if c.logprob is not None]}
+    message: dict[str, Any] = {"role": "assistant", "content": final.text}
+    finish = _FINISH[final.stop]
+    if plan is not None:
+        content, calls = parse_chunks(plan, chunks)
+        message["content"] = content or (None if calls else "")
+        if calls:
+            message["tool_calls"] = openai_calls(calls)
+            finish = "tool_calls" if finish == "stop" else finish
     return {"id": meta.id, "object": meta.obj, "created": meta.created, "model": meta.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": final.text},
-                         "logprobs": logprobs, "finish_reason": _FINISH[final.stop]}],
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": logprobs, "finish_reason": finish}],
             "usage": usage(final)}
 
 
 async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: bool,
-                       want_logprobs: bool) -> AsyncIterator[bytes]:
+                       want_logprobs: bool, parser: CallParser | None = None
+                       ) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], finish: str | None = None,
               logprobs: list[dict[str, Any]] | None = None) -> bytes:
         payload: dict[str, Any] = {
@@ -220,7 +249,13 @@ async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: boo
     try:
         async for item in items_after(first, handle):
             if isinstance(item, Final):
-                yield chunk({}, _FINISH[item.stop], pending or None)
+                finish = _FINISH[item.stop]
+                if parser is not None:
+                    for delta in openai_deltas(parser.finish()):
+                        yield chunk(delta, None, pending or None)
+                        pending = []
+                    finish = "tool_calls" if parser.calls and finish == "stop" else finish
+                yield chunk({}, finish, pending or None)
                 if include_usage:
                     yield sse({"id": meta.id, "object": "chat.completion.chunk",
                                "created": meta.created, "model": meta.model, "choices": [],
@@ -228,8 +263,12 @@ async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: boo
                 break
             if want_logprobs and item.logprob is not None:
                 pending.append(_chat_logprob(meta.tokenizer, item.logprob))
-            if item.text:
-                yield chunk({"content": item.text}, None, pending or None)
+            if parser is not None:
+                deltas = openai_deltas(parser.feed(item.text, item.token_id))
+            else:
+                deltas = [{"content": item.text}] if item.text else []
+            for delta in deltas:
+                yield chunk(delta, None, pending or None)
                 pending = []
     except ApiError as exc:
         yield sse(error_body(exc, "openai"))

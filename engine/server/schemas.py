@@ -38,6 +38,11 @@ class ContentPart(_Body):
 class ChatMessageIn(_Body):
     role: Annotated[str, Field(max_length=64)]
     content: str | list[ContentPart] | None = None
+    #: An assistant turn's calls (OpenAI's shape; arguments a JSON string).
+    tool_calls: list[dict[str, Any]] | None = None
+    #: A ``tool`` message: the call it answers, and the function's name.
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -87,6 +92,9 @@ class ChatCompletionRequest(_OpenAISampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    #: none, auto, required, or {"type": "function", "function": {"name": ...}}.
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_OpenAISampling):
@@ -207,6 +215,9 @@ class OllamaChatMessage(_Body):
     role: Annotated[str, Field(max_length=64)]
     content: str = ""
     images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    #: A ``tool`` message: the function whose result it is.
+    tool_name: str | None = None
 
 
 class OllamaChatRequest(_Body):

@@ -32,8 +32,9 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.config import GenerateOptions
 from engine.engine import Engine, GenerateRequest
@@ -45,6 +46,8 @@ from engine.server.worker import EngineWorker, Priority, WorkerStoppedError
 from engine.text.tokenizer import ChatMessage
 
 log = logging.getLogger(__name__)
+Messages = tuple[ChatMessage | Mapping[str, Any], ...]
+Tools = tuple[Mapping[str, Any], ...] | None
 
 DEFAULT_IDLE_S = 1800.0
 DEFAULT_MAX_SESSIONS = 64
@@ -171,10 +174,10 @@ def plan_turn(history: Sequence[int], prompt: Sequence[int]) -> tuple[int, list[
     return len(history) - keep, list(prompt[keep:])
 
 
-def session_turn(engine: Engine, session_id: int, messages: tuple[ChatMessage, ...],
-                 options: GenerateOptions) -> GenerateRequest:
+def session_turn(engine: Engine, session_id: int, messages: Messages,
+                 options: GenerateOptions, tools: Tools = None) -> GenerateRequest:
     """Rewind the session to what it shares with ``messages``; the request for the rest."""
-    chat = GenerateRequest(messages=messages, options=options)
+    chat = GenerateRequest(messages=messages, options=options, tools=tools)
     prompt = engine.encode_request(chat)
     drop, new = plan_turn(engine.sessions.get(session_id).tokens, prompt)
     if drop:
@@ -186,9 +189,9 @@ def session_turn(engine: Engine, session_id: int, messages: tuple[ChatMessage, .
 
 
 def session_job(engine_of: Callable[[], Engine], registry: SessionRegistry, name: str,
-                messages: tuple[ChatMessage, ...], options: GenerateOptions, *,
+                messages: Messages, options: GenerateOptions, *,
                 on_final: Callable[[Final], None] | None = None,
-                priority: Priority = "normal",
+                priority: Priority = "normal", tools: Tools = None,
                 ) -> Callable[[threading.Event], Iterator[Chunk | Final]]:
     """A worker job running one chat turn in the session ``name``."""
 
@@ -196,7 +199,7 @@ def session_job(engine_of: Callable[[], Engine], registry: SessionRegistry, name
         engine = engine_of()
         entry = registry.acquire(engine, name)
         try:
-            request = session_turn(engine, entry.session_id, messages, options)
+            request = session_turn(engine, entry.session_id, messages, options, tools)
             for item in run_generation(engine, request, cancel, priority=priority,
                                        session_id=entry.session_id):
                 if isinstance(item, Final) and on_final is not None:

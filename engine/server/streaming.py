@@ -56,7 +56,7 @@ class ServerContext:
         if session is not None and request.messages is not None:
             job = session_job(engine_of, self.sessions, session, request.messages,
                               request.options, on_final=self.metrics.observe_generation,
-                              priority=priority)
+                              priority=priority, tools=request.tools)
         else:
             job = generation_job(engine_of, request, limits,
                                  on_final=self.metrics.observe_generation, priority=priority)

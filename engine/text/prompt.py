@@ -29,7 +29,8 @@ def encode_request(tokenizer: Tokenizer, request: GenerateRequest, vocab_size: i
                 f"token ids {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})",
                 hint="encode the prompt with this model's tokenizer")
     elif request.messages is not None:
-        ids = tokenizer.encode_chat(request.messages, add_generation_prompt=True)
+        ids = tokenizer.encode_chat(request.messages, add_generation_prompt=True,
+                                    tools=request.tools)
     else:
         assert request.prompt is not None
         ids = tokenizer.encode(request.prompt, parse_special=True,

@@ -229,6 +229,10 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    @property
+    def chat_template_source(self) -> str | None:
+        return self._template.source if self._template is not None else None
+
     def apply_chat_template(
         self,
         messages: Sequence[ChatMessage | Mapping[str, Any]],
@@ -262,6 +266,7 @@ class Tokenizer:
         messages: Sequence[ChatMessage | Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Render and encode a conversation; message text never becomes control tokens.
 
@@ -269,7 +274,8 @@ class Tokenizer:
         special-token text the rendered prompt is encoded whole (exactly as Hugging Face
         does); otherwise each message's text is encoded with special parsing off.
         """
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                        tools=tools)
         specials = [t for t in self._special_strings() if t]
         contents = [str(message_dict(m, i).get("content") or "")
                     for i, m in enumerate(messages)]

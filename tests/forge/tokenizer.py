@@ -160,3 +160,53 @@ def make_tokenizer_files(
 def load_tokenizer(model_dir: Path) -> Tokenizer:
     """Load ``tokenizer.json`` from a forge (or any HF-style) folder."""
     return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+
+#: A Hermes/Qwen-style chat template with tool support (written for the forge, in the
+#: shape those models' templates have): the tools in the system turn, calls as
+#: ``<tool_call>`` blocks, tool results as ``<tool_response>`` blocks in a user turn.
+HERMES_CHAT_TEMPLATE = r"""{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call functions to answer. They are listed in <tools></tools>:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nFor each call, write a JSON object with the function name and ' }}
+{{- 'arguments in <tool_call></tool_call> tags:\n<tool_call>\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and loop.first %}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{{- '<|im_start|>assistant' }}
+{%- if message.content %}{{- '\n' + message.content }}{%- endif %}
+{%- for call in message.tool_calls %}
+{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' }}
+{{- (call.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+
+def set_chat_template(model_dir: Path, template: str) -> Path:
+    """Give a forged model folder another chat template (``chat_template.jinja`` and
+    ``tokenizer_config.json`` both)."""
+    model_dir = Path(model_dir)
+    (model_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return model_dir

@@ -75,7 +75,9 @@ def test_show_has_the_fields_continue_reads(server: LiveServer, engine):
     assert shown["model_info"][f"{arch}.context_length"] == engine.context_length
     assert shown["details"]["family"] == arch
     assert {"completion", "insert"} <= set(shown["capabilities"])
-    assert "tools" not in shown["capabilities"]  # /api/chat refuses tools
+    # a chat template: tools, in the generic layout (the forge's template has none)
+    assert "tools" in shown["capabilities"]
+    assert shown["tool_calls"] == {"format": "hermes", "layout": "generic"}
 
 
 @pytest.fixture
