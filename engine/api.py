@@ -30,6 +30,9 @@ class GenerateRequest:
     sampler: CustomSampler | None = None
     #: The chat template's ``tools`` (OpenAI function objects; engine.text.tool_calls).
     tools: tuple[Mapping[str, Any], ...] | None = None
+    #: More variables for the chat template, as Hugging Face's ``apply_chat_template``
+    #: passes its keyword arguments (the worker sets ``tool_choice`` with tools).
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]

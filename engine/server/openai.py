@@ -63,6 +63,7 @@ from engine.server.tools import (
     openai_history,
     parse_chunks,
     plan_tools,
+    template_choice,
 )
 from engine.text.fim_plain import fim_layout
 from engine.text.tokenizer import ChatMessage, Tokenizer
@@ -195,6 +196,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
                       history) if needs_plan(body.tools, history) else None
     gen = GenerateRequest(messages=messages, options=options) if plan is None else \
         GenerateRequest(messages=plan.messages, tools=plan.template_tools,
+                        chat_template_kwargs=template_choice(plan, body.tool_choice),
                         options=constrain(plan, options, body.tool_choice))
     handle = ctx.submit(model, gen, session=session)
     first = await first_item(handle, request, OPENAI_RENAMES)

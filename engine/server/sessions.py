@@ -175,9 +175,11 @@ def plan_turn(history: Sequence[int], prompt: Sequence[int]) -> tuple[int, list[
 
 
 def session_turn(engine: Engine, session_id: int, messages: Messages,
-                 options: GenerateOptions, tools: Tools = None) -> GenerateRequest:
+                 options: GenerateOptions, tools: Tools = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> GenerateRequest:
     """Rewind the session to what it shares with ``messages``; the request for the rest."""
-    chat = GenerateRequest(messages=messages, options=options, tools=tools)
+    chat = GenerateRequest(messages=messages, options=options, tools=tools,
+                           chat_template_kwargs=template_kwargs)
     prompt = engine.encode_request(chat)
     drop, new = plan_turn(engine.sessions.get(session_id).tokens, prompt)
     if drop:
@@ -192,6 +194,7 @@ def session_job(engine_of: Callable[[], Engine], registry: SessionRegistry, name
                 messages: Messages, options: GenerateOptions, *,
                 on_final: Callable[[Final], None] | None = None,
                 priority: Priority = "normal", tools: Tools = None,
+                template_kwargs: Mapping[str, Any] | None = None,
                 ) -> Callable[[threading.Event], Iterator[Chunk | Final]]:
     """A worker job running one chat turn in the session ``name``."""
 
@@ -199,7 +202,8 @@ def session_job(engine_of: Callable[[], Engine], registry: SessionRegistry, name
         engine = engine_of()
         entry = registry.acquire(engine, name)
         try:
-            request = session_turn(engine, entry.session_id, messages, options, tools)
+            request = session_turn(engine, entry.session_id, messages, options, tools,
+                                   template_kwargs)
             for item in run_generation(engine, request, cancel, priority=priority,
                                        session_id=entry.session_id):
                 if isinstance(item, Final) and on_final is not None:

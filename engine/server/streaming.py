@@ -56,7 +56,8 @@ class ServerContext:
         if session is not None and request.messages is not None:
             job = session_job(engine_of, self.sessions, session, request.messages,
                               request.options, on_final=self.metrics.observe_generation,
-                              priority=priority, tools=request.tools)
+                              priority=priority, tools=request.tools,
+                              template_kwargs=request.chat_template_kwargs)
         else:
             job = generation_job(engine_of, request, limits,
                                  on_final=self.metrics.observe_generation, priority=priority)

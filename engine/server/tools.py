@@ -117,6 +117,14 @@ def plan_tools(model: LoadedModel, raw_tools: Sequence[Any] | None, choice: Any,
         plan, tools=tuple(t for t in tools if t.name == only))
 
 
+def template_choice(plan: ToolPlan, choice: Any) -> dict[str, Any] | None:
+    """``tool_choice`` for a model's own template that takes tools (templates that read it
+    get it as the request sent it; the generic layout has no use for it)."""
+    if plan.template_tools is None or choice is None:
+        return None
+    return {"tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else choice}
+
+
 def _system_or_folded(model: LoadedModel, shown: list[dict[str, Any]]
                       ) -> list[dict[str, Any]]:
     """The generic layout's system turn, or (a template that refuses a system role, as

@@ -30,7 +30,7 @@ def encode_request(tokenizer: Tokenizer, request: GenerateRequest, vocab_size: i
                 hint="encode the prompt with this model's tokenizer")
     elif request.messages is not None:
         ids = tokenizer.encode_chat(request.messages, add_generation_prompt=True,
-                                    tools=request.tools)
+                                    tools=request.tools, extra=request.chat_template_kwargs)
     else:
         assert request.prompt is not None
         ids = tokenizer.encode(request.prompt, parse_special=True,

@@ -267,6 +267,7 @@ class Tokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render and encode a conversation; message text never becomes control tokens.
 
@@ -275,7 +276,7 @@ class Tokenizer:
         does); otherwise each message's text is encoded with special parsing off.
         """
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                        tools=tools)
+                                        tools=tools, extra=extra)
         specials = [t for t in self._special_strings() if t]
         contents = [str(message_dict(m, i).get("content") or "")
                     for i, m in enumerate(messages)]

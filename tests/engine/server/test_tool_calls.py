@@ -338,3 +338,24 @@ def test_the_builtin_model_calls_in_the_generic_layout():
             assert second.message.content and not second.message.tool_calls
     finally:
         live.stop()
+
+
+def test_a_template_that_reads_tool_choice_gets_it(tmp_path):
+    """As Hugging Face's apply_chat_template passes it: a template that says more when a
+    call is required shows it in the prompt the model reads (its token count)."""
+    template = ("{%- if tool_choice == 'required' %}{{- '<|im_start|>system\\nYou must call "
+                "one of the tools now.<|im_end|>\\n' }}{%- endif %}" + HERMES_CHAT_TEMPLATE)
+    folder = set_chat_template(write_model(tmp_path / "choosy", ForgeSpec(context=1024)),
+                               template)
+    live = serve(folder, tmp_path)
+    try:
+        client = _client(live)
+        counts = {}
+        for choice in ("auto", "required", "none"):
+            answer = client.chat.completions.create(
+                model="choosy", messages=ASK, tools=TOOLS, tool_choice=choice, seed=1,
+                max_tokens=40)
+            counts[choice] = answer.usage.prompt_tokens
+    finally:
+        live.stop()
+    assert counts["required"] > counts["auto"] == counts["none"]
