@@ -1,0 +1,1 @@
+"""Model folders: what they hold, how to read them, and GGUF import."""

@@ -1,0 +1,176 @@
+"""GGUF weight blocks as ONNX Runtime's ``MatMulNBits`` blocks, losslessly where they fit.
+
+A :class:`BlockWeight` is an ``[N, K]`` weight in blocks of ``block`` along K. Without
+``minimum`` each value is ``scale * (code - zp)`` with ``zp = 2**(bits-1)`` (MatMulNBits'
+default zero point: 8 for 4 bits, 128 for 8 bits); with ``minimum`` it is
+``scale * code + minimum`` (GGUF's Q4_1 form), which the graph computes as MatMulNBits on
+``scale * (code - zp)`` plus one small MatMul of the input's block sums by
+``minimum + zp * scale`` (the approach of ``tools/gguf_exact.py``).
+
+- Q4_0 (``d * (q - 8)``) and Q8_0 (``d * q``) are repacked as they are: same blocks of 32,
+  same fp16 scales, same codes.
+- Q4_1 (``d * q + m``) keeps its codes, ``d`` and ``m``.
+- Anything else (K-quants, other legacy types, floats asked to be quantized) is dequantized
+  by ``gguf``'s numpy code and quantized again: 4 bits as Q4_1 (per-block min and max),
+  8 bits as Q8_0 (per-block absolute max). Those are marked ``lossless=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK = 32
+
+
+class NotExact(RuntimeError):
+    """A weight that is not a dequantized Q4_1 / Q8_0 tensor."""
+
+
+@dataclass
+class BlockWeight:
+    """An ``[N, K]`` weight as blocks (see the module's docstring)."""
+
+    bits: int
+    codes: np.ndarray  # [N, blocks, BLOCK] uint8, unpacked
+    scales: np.ndarray  # [N, blocks] float16 or float32
+    minimum: np.ndarray | None  # [N, blocks], same dtype as scales, or None
+    lossless: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, blocks, block = self.codes.shape
+        return n, blocks * block
+
+    def packed(self) -> np.ndarray:
+        """The codes as MatMulNBits' ``B`` input: ``[N, blocks, BLOCK * bits / 8]``."""
+        return pack4(self.codes) if self.bits == 4 else self.codes
+
+    def offsets(self) -> np.ndarray | None:
+        """``minimum + zp * scale`` in fp32, ``[N, blocks]`` (None without a minimum)."""
+        if self.minimum is None:
+            return None
+        zp = float(2 ** (self.bits - 1))
+        return self.minimum.astype(np.float32) + zp * self.scales.astype(np.float32)
+
+    def dequantize(self) -> np.ndarray:
+        """The fp32 ``[N, K]`` weight these blocks stand for."""
+        s = self.scales.astype(np.float32)[..., None]
+        if self.minimum is None:
+            w = s * (self.codes.astype(np.float32) - 2 ** (self.bits - 1))
+        else:
+            w = s * self.codes.astype(np.float32) + self.minimum.astype(np.float32)[..., None]
+        return w.reshape(self.shape)
+
+
+def pack4(q: np.ndarray) -> np.ndarray:
+    """``[N, blocks, 32]`` 4-bit codes as MatMulNBits stores them: two a byte, low first."""
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _gguf_nibbles(qs: np.ndarray) -> np.ndarray:
+    """GGUF's 16 bytes of a 4-bit block (``[..., 16]``) as 32 codes: element ``j`` is the
+    low nibble of byte ``j``, element ``j + 16`` its high nibble."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint8)
+
+
+def _fp16(raw: np.ndarray) -> np.ndarray:
+    """``[..., 2]`` bytes as float16 ``[...]``."""
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0]
+
+
+def from_q4_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q4_0 rows (``[N, K / 32 * 18]`` bytes) without loss."""
+    b = np.asarray(raw, np.uint8).reshape(n, k // BLOCK, 18)
+    return BlockWeight(4, _gguf_nibbles(b[..., 2:]), _fp16(b[..., 0:2]), None, True)
+
+
+def from_q4_1(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q4_1 rows (``[N, K / 32 * 20]`` bytes) without loss."""
+    b = np.asarray(raw, np.uint8).reshape(n, k // BLOCK, 20)
+    return BlockWeight(4, _gguf_nibbles(b[..., 4:]), _fp16(b[..., 0:2]), _fp16(b[..., 2:4]),
+                       True)
+
+
+def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q8_0 rows (``[N, K / 32 * 34]`` bytes) without loss (codes offset by 128)."""
+    b = np.asarray(raw, np.uint8).reshape(n, k // BLOCK, 34)
+    q = b[..., 2:].view(np.int8).astype(np.int16) + 128
+    return BlockWeight(8, q.astype(np.uint8), _fp16(b[..., 0:2]), None, True)
+
+
+def widen(w: BlockWeight) -> BlockWeight:
+    """4-bit blocks as 8-bit blocks, without loss (for ``--precision int8``)."""
+    if w.bits == 8:
+        return w
+    codes = w.codes if w.minimum is not None else w.codes.astype(np.int16) - 8 + 128
+    return BlockWeight(8, codes.astype(np.uint8), w.scales, w.minimum, w.lossless)
+
+
+def quantize4(w: np.ndarray) -> BlockWeight:
+    """An fp32 ``[N, K]`` weight as Q4_1-style blocks (min and max of each block, fp16
+    ``d`` and ``m``, codes rounded against the fp16 values): lossy."""
+    n, k = w.shape
+    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    lo, hi = b.min(-1), b.max(-1)
+    m = lo.astype(np.float16)
+    d = (np.maximum(hi - m.astype(np.float32), 0) / 15).astype(np.float16)
+    d32 = d.astype(np.float32)[..., None]
+    q = np.round((b - m.astype(np.float32)[..., None]) / np.where(d32 == 0, 1, d32))
+    return BlockWeight(4, np.clip(q, 0, 15).astype(np.uint8), d, m, False)
+
+
+def quantize8(w: np.ndarray) -> BlockWeight:
+    """An fp32 ``[N, K]`` weight as Q8_0-style blocks (absolute max / 127): lossy."""
+    n, k = w.shape
+    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    d = (np.abs(b).max(-1) / 127).astype(np.float16)
+    d32 = d.astype(np.float32)[..., None]
+    q = np.clip(np.round(b / np.where(d32 == 0, 1, d32)), -127, 127) + 128
+    return BlockWeight(8, q.astype(np.uint8), d, None, False)
+
+
+def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
+    """Several weights on the same input stacked along N (q, k and v into one qkv), or None
+    when their forms differ (then they stay separate)."""
+    first = parts[0]
+    if any(p.bits != first.bits or (p.minimum is None) != (first.minimum is None)
+           or p.scales.dtype != first.scales.dtype or p.codes.shape[1] != first.codes.shape[1]
+           for p in parts):
+        return None
+    minimum = (None if first.minimum is None
+               else np.concatenate([p.minimum for p in parts if p.minimum is not None]))
+    return BlockWeight(first.bits, np.concatenate([p.codes for p in parts]),
+                       np.concatenate([p.scales for p in parts]), minimum,
+                       all(p.lossless for p in parts))
+
+
+# -- read back from dequantized fp32 weights (tools/gguf_exact.py) -------------------------
+
+def q4_1_blocks(w: np.ndarray, name: str) -> BlockWeight:
+    """The Q4_1 blocks of a dequantized ``[N, K]`` weight (exact, or NotExact). A Q4_1
+    block's min is ``m`` and its max ``m + 15 d`` (llama.cpp's rounding hits both)."""
+    n, k = w.shape
+    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    lo, hi = b.min(-1), b.max(-1)
+    d = ((hi - lo) / 15).astype(np.float16)
+    d32 = d.astype(np.float32)[..., None]
+    q = np.clip(np.round((b - lo[..., None]) / np.where(d32 == 0, 1, d32)), 0, 15)
+    m = lo.astype(np.float16)
+    if not np.array_equal(d32 * q + m.astype(np.float32)[..., None], b):
+        raise NotExact(f"{name} is not a dequantized Q4_1 tensor")
+    return BlockWeight(4, q.astype(np.uint8), d, m, True)
+
+
+def q8_0_blocks(w: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The Q8_0 codes (as uint8, offset 128) ``[N, K]`` and fp16 scales of a dequantized
+    ``[N, K]`` weight (the largest ``|w|`` of a block is ``127 d``), or NotExact."""
+    n, k = w.shape
+    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    d = (np.abs(b).max(-1) / 127).astype(np.float16)
+    d32 = d.astype(np.float32)[..., None]
+    q = np.clip(np.round(b / np.where(d32 == 0, 1, d32)), -127, 127)
+    if not np.array_equal(d32 * q, b):
+        raise NotExact(f"{name} is not a dequantized Q8_0 tensor")
+    return (q + 128).astype(np.uint8).reshape(n, k), d
