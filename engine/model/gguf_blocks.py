@@ -37,6 +37,9 @@ class BlockWeight:
     scales: np.ndarray  # [N, blocks] float16 or float32
     minimum: np.ndarray | None  # [N, blocks], same dtype as scales, or None
     lossless: bool
+    #: with ``minimum``: the codes are stored plus this (``scale * (code - shift) + minimum``),
+    #: so 4-bit codes widened to 8 bits stay centred on the zero point
+    shift: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -51,7 +54,7 @@ class BlockWeight:
         """``minimum + zp * scale`` in fp32, ``[N, blocks]`` (None without a minimum)."""
         if self.minimum is None:
             return None
-        zp = float(2 ** (self.bits - 1))
+        zp = float(2 ** (self.bits - 1) - self.shift)
         return self.minimum.astype(np.float32) + zp * self.scales.astype(np.float32)
 
     def dequantize(self) -> np.ndarray:
@@ -60,7 +63,8 @@ class BlockWeight:
         if self.minimum is None:
             w = s * (self.codes.astype(np.float32) - 2 ** (self.bits - 1))
         else:
-            w = s * self.codes.astype(np.float32) + self.minimum.astype(np.float32)[..., None]
+            w = (s * (self.codes.astype(np.float32) - self.shift)
+                 + self.minimum.astype(np.float32)[..., None])
         return w.reshape(self.shape)
 
 
@@ -101,11 +105,14 @@ def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
 
 
 def widen(w: BlockWeight) -> BlockWeight:
-    """4-bit blocks as 8-bit blocks, without loss (for ``--precision int8``)."""
+    """4-bit blocks as 8-bit blocks, without loss (for ``--precision int8``). The codes move
+    up by 120 so they stay centred on the zero point: MatMulNBits on int8-quantized inputs
+    (accuracy level 4) would otherwise lose the small weights next to a large offset."""
     if w.bits == 8:
         return w
-    codes = w.codes if w.minimum is not None else w.codes.astype(np.int16) - 8 + 128
-    return BlockWeight(8, codes.astype(np.uint8), w.scales, w.minimum, w.lossless)
+    codes = (w.codes.astype(np.int16) + 120).astype(np.uint8)
+    return BlockWeight(8, codes, w.scales, w.minimum, w.lossless,
+                       shift=120 if w.minimum is not None else 0)
 
 
 def quantize4(w: np.ndarray) -> BlockWeight:
@@ -137,13 +144,14 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
     first = parts[0]
     if any(p.bits != first.bits or (p.minimum is None) != (first.minimum is None)
            or p.scales.dtype != first.scales.dtype or p.codes.shape[1] != first.codes.shape[1]
+           or p.shift != first.shift
            for p in parts):
         return None
     minimum = (None if first.minimum is None
                else np.concatenate([p.minimum for p in parts if p.minimum is not None]))
     return BlockWeight(first.bits, np.concatenate([p.codes for p in parts]),
                        np.concatenate([p.scales for p in parts]), minimum,
-                       all(p.lossless for p in parts))
+                       all(p.lossless for p in parts), first.shift)
 
 
 # -- read back from dequantized fp32 weights (tools/gguf_exact.py) -------------------------

@@ -100,7 +100,7 @@ class GraphBuilder:
         if w.minimum is None:
             return data, scales, None
         minimum = self._fp32(w.minimum, f"{stem}.weight_min")
-        zp = self.g.const(float(2 ** (w.bits - 1)), np.float32)
+        zp = self.g.const(float(2 ** (w.bits - 1) - w.shift), np.float32)
         offsets = self.g.op("Add", minimum, self.g.op("Mul", scales, zp))
         return data, scales, self.g.op("Transpose", offsets, perm=[1, 0])
 
