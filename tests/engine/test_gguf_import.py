@@ -22,8 +22,6 @@ from tests.engine.gguf_forge import TinySpec, tokenizer_source, write_gguf
 from tests.engine.gguf_reference import reference_logits
 
 IDS = [5, 100, 200, 17, 300, 42, 7, 8, 9, 400, 3, 250]
-#: K-quants come in blocks of 256: every K of the model must be a multiple
-_WIDE = {"hidden": 256, "head_dim": 64, "ffn": 256}
 
 CASES = {
     "llama-Q4_0": TinySpec("llama", QT.Q4_0),
@@ -34,8 +32,10 @@ CASES = {
     "mistral-Q4_1-untied": TinySpec("mistral", QT.Q4_1, tied=False),
     "qwen2-Q4_0-bias": TinySpec("qwen2", QT.Q4_0),
     "qwen3-Q8_0-qknorm": TinySpec("qwen3", QT.Q8_0),
-    "llama-Q4_K": TinySpec("llama", QT.Q4_K, **_WIDE),
-    "llama-Q6_K-untied": TinySpec("llama", QT.Q6_K, tied=False, **_WIDE),  # type: ignore[arg-type]
+    # K-quants come in blocks of 256: every K of the model must be a multiple
+    "llama-Q4_K": TinySpec("llama", QT.Q4_K, hidden=256, head_dim=64, ffn=256),
+    "llama-Q6_K-untied": TinySpec("llama", QT.Q6_K, tied=False, hidden=256, head_dim=64,
+                                  ffn=256),
 }
 LOSSLESS = {"Q4_0", "Q4_1", "Q8_0", "F16", "F32"}
 
