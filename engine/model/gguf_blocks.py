@@ -100,8 +100,8 @@ def from_q4_1(raw: np.ndarray, n: int, k: int) -> BlockWeight:
 def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
     """Q8_0 rows (``[N, K / 32 * 34]`` bytes) without loss (codes offset by 128)."""
     b = np.asarray(raw, np.uint8).reshape(n, k // BLOCK, 34)
-    q = b[..., 2:].view(np.int8).astype(np.int16) + 128
-    return BlockWeight(8, q.astype(np.uint8), _fp16(b[..., 0:2]), None, True)
+    q = b[..., 2:] ^ np.uint8(0x80)  # int8 q + 128 as uint8: the sign bit flipped
+    return BlockWeight(8, q, _fp16(b[..., 0:2]), None, True)
 
 
 def widen(w: BlockWeight) -> BlockWeight:

@@ -41,6 +41,7 @@ PRECISIONS = ("auto", "int4", "int8", "fp16", "fp32")
 _EXACT = {QT.Q4_0: from_q4_0, QT.Q4_1: from_q4_1, QT.Q8_0: from_q8_0}
 _FLOATS = (QT.F32, QT.F16, QT.BF16)
 _WIDE = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
+_ROWS = 2048
 
 
 @dataclass
@@ -64,14 +65,28 @@ class WeightLog:
 
 
 def dequantize(tensor: Any, rows: np.ndarray | None = None) -> np.ndarray:
-    """A GGUF tensor as fp32 ``[N, K]`` (or ``[K]``), via gguf's numpy code."""
+    """A GGUF tensor (or ``rows`` of it) as fp32 ``[rows, K]`` (or ``[K]``), via gguf's
+    numpy code."""
     data = np.asarray(tensor.data if rows is None else rows)
     qtype = QT(int(tensor.tensor_type))
     if qtype in (QT.F32, QT.F16):
         out = data.astype(np.float32)
     else:
         out = quants.dequantize(data, qtype).astype(np.float32)
-    return out.reshape([int(d) for d in reversed(tensor.shape)])
+    shape = [int(d) for d in reversed(tensor.shape)]
+    return out.reshape(shape if rows is None else [-1, shape[-1]])
+
+
+def requantize(tensor: Any, raw: np.ndarray, bits: int) -> BlockWeight:
+    """Dequantize and quantize again, ``_ROWS`` rows at a time: a tensor's fp32 copy is
+    never whole in memory (a 150k-token embedding would be gigabytes)."""
+    quantize = quantize8 if bits == 8 else quantize4
+    parts = [quantize(dequantize(tensor, raw[at:at + _ROWS]))
+             for at in range(0, raw.shape[0], _ROWS)]
+    return BlockWeight(bits, np.concatenate([p.codes for p in parts]),
+                       np.concatenate([p.scales for p in parts]),
+                       None if bits == 8 else np.concatenate(
+                           [p.minimum for p in parts if p.minimum is not None]), False)
 
 
 def vector(tensor: Any) -> np.ndarray:
@@ -120,7 +135,7 @@ class WeightReader:
         if qtype in _EXACT:
             bw = _EXACT[qtype](raw, n, k)
             if p == "int4" and bw.bits == 8:
-                return _named(quantize4(bw.dequantize()))
+                return _named(requantize(tensor, raw, 4))
             if p == "int8":
                 bw = widen(bw)
             return bw, f"int{bw.bits}", True
@@ -128,9 +143,8 @@ class WeightReader:
             if qtype == QT.F16:
                 return np.asarray(raw).view(np.float16).reshape(n, k), "fp16", True
             return dequantize(tensor, raw), "fp32", True
-        w = dequantize(tensor, raw)
         bits = 8 if p == "int8" or (p == "auto" and qtype.name in _WIDE) else 4
-        return _named(quantize8(w) if bits == 8 else quantize4(w))
+        return _named(requantize(tensor, raw, bits))
 
 
 def _named(bw: BlockWeight) -> tuple[Linear, str, bool]:
