@@ -3,16 +3,20 @@
 A :class:`BlockWeight` is an ``[N, K]`` weight in blocks of ``block`` along K. Without
 ``minimum`` each value is ``scale * (code - zp)`` with ``zp = 2**(bits-1)`` (MatMulNBits'
 default zero point: 8 for 4 bits, 128 for 8 bits); with ``minimum`` it is
-``scale * code + minimum`` (GGUF's Q4_1 form), which the graph computes as MatMulNBits on
+``scale * (code - shift) + minimum`` (GGUF's Q4_1 form; ``shift`` keeps codes widened to
+8 bits around the zero point), which the graph computes as MatMulNBits on
 ``scale * (code - zp)`` plus one small MatMul of the input's block sums by
-``minimum + zp * scale`` (the approach of ``tools/gguf_exact.py``).
+``minimum + (zp - shift) * scale`` (the approach of ``tools/gguf_exact.py``).
 
 - Q4_0 (``d * (q - 8)``) and Q8_0 (``d * q``) are repacked as they are: same blocks of 32,
   same fp16 scales, same codes.
 - Q4_1 (``d * q + m``) keeps its codes, ``d`` and ``m``.
-- Anything else (K-quants, other legacy types, floats asked to be quantized) is dequantized
-  by ``gguf``'s numpy code and quantized again: 4 bits as Q4_1 (per-block min and max),
-  8 bits as Q8_0 (per-block absolute max). Those are marked ``lossless=False``.
+- Q4_K and Q5_K (super-blocks of 256 in sub-blocks of 32, each ``(d * sc) * q - dmin * m``)
+  become blocks of 32 with fp32 scale and minimum: exact too (4-bit and 8-bit).
+- Anything else (Q6_K's blocks of 16, Q2_K, Q3_K, Q5_0/Q5_1, IQ types, floats asked to be
+  quantized) is dequantized by ``gguf``'s numpy code and quantized again: 4 bits as Q4_1
+  (per-block min and max), 8 bits as Q8_0 (per-block absolute max). Those are marked
+  ``lossless=False``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,47 @@ def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
     b = np.asarray(raw, np.uint8).reshape(n, k // BLOCK, 34)
     q = b[..., 2:] ^ np.uint8(0x80)  # int8 q + 128 as uint8: the sign bit flipped
     return BlockWeight(8, q, _fp16(b[..., 0:2]), None, True)
+
+
+def _k_quant_parts(raw: np.ndarray, n: int, k: int, size: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K / Q5_K super-block's sub-block scales ``d * sc`` and minimums ``-dmin * m``
+    (fp32: exact, an fp16 times a 6-bit integer) and its remaining bytes."""
+    from gguf.quants import Q4_K
+
+    b = np.asarray(raw, np.uint8).reshape(-1, size)
+    d = _fp16(b[:, 0:2]).astype(np.float32)[:, None]
+    dmin = _fp16(b[:, 2:4]).astype(np.float32)[:, None]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))
+    scales = (d * sc.astype(np.float32)).reshape(n, k // BLOCK)
+    minimum = (-(dmin * m.astype(np.float32))).reshape(n, k // BLOCK)
+    return scales, minimum, b[:, 16:], b
+
+
+def _low_high_nibbles(qs: np.ndarray) -> np.ndarray:
+    """K-quant 4-bit bytes ``[blocks, 128]`` as ``[blocks, 8, 32]`` codes: each 32 bytes
+    hold one sub-block in their low nibbles and the next in their high ones."""
+    q = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(-1, 8, 32)
+
+
+def from_q4_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q4_K rows without loss: each sub-block of 32 is ``(d * sc) * q - dmin * m``, a Q4_1
+    block with fp32 scale and minimum."""
+    scales, minimum, qs, _ = _k_quant_parts(raw, n, k, 144)
+    codes = _low_high_nibbles(qs).reshape(n, k // BLOCK, BLOCK)
+    return BlockWeight(4, codes, scales, minimum, True)
+
+
+def from_q5_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q5_K rows without loss, as 8-bit blocks (5-bit codes moved up by 112 to sit around
+    the zero point 128)."""
+    scales, minimum, rest, _ = _k_quant_parts(raw, n, k, 176)
+    qh, qs = rest[:, :32], rest[:, 32:]
+    high = (qh.reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    codes = _low_high_nibbles(qs) | (high << np.uint8(4))
+    return BlockWeight(8, (codes + np.uint8(112)).reshape(n, k // BLOCK, BLOCK), scales,
+                       minimum, True, shift=112)
 
 
 def widen(w: BlockWeight) -> BlockWeight:

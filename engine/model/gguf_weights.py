@@ -3,13 +3,15 @@
 =========  ==============================  =====================================
 precision  quantized tensors               float tensors (F32, F16, BF16)
 =========  ==============================  =====================================
-auto       Q4_0, Q4_1, Q8_0 as they are;   kept: F16 as fp16, F32/BF16 as fp32
-           others re-quantized (int8 for
-           Q5_*/Q6_K/Q8_K, else int4)
-int4       Q4_0, Q4_1 as they are; others  quantized to int4
-           re-quantized to int4
-int8       Q4_0, Q4_1 (widened), Q8_0 as   quantized to int8
-           they are; others to int8
+auto       Q4_0, Q4_1, Q8_0, Q4_K, Q5_K    kept: F16 as fp16, F32/BF16 as fp32
+           as they are; others re-
+           quantized (int8 for Q5_0, Q5_1,
+           Q6_K, Q8_K; else int4)
+int4       Q4_0, Q4_1, Q4_K as they are;   quantized to int4
+           others re-quantized to int4
+int8       Q4_0, Q4_1, Q4_K (widened),     quantized to int8
+           Q8_0, Q5_K as they are; others
+           re-quantized to int8
 fp16/fp32  dequantized                     converted
 =========  ==============================  =====================================
 
@@ -30,6 +32,8 @@ from engine.model.gguf_blocks import (
     BlockWeight,
     from_q4_0,
     from_q4_1,
+    from_q4_k,
+    from_q5_k,
     from_q8_0,
     quantize4,
     quantize8,
@@ -38,7 +42,8 @@ from engine.model.gguf_blocks import (
 from engine.model.gguf_graph import Linear
 
 PRECISIONS = ("auto", "int4", "int8", "fp16", "fp32")
-_EXACT = {QT.Q4_0: from_q4_0, QT.Q4_1: from_q4_1, QT.Q8_0: from_q8_0}
+_EXACT = {QT.Q4_0: from_q4_0, QT.Q4_1: from_q4_1, QT.Q8_0: from_q8_0, QT.Q4_K: from_q4_k,
+          QT.Q5_K: from_q5_k}
 _FLOATS = (QT.F32, QT.F16, QT.BF16)
 _WIDE = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
 _ROWS = 2048

@@ -34,10 +34,11 @@ CASES = {
     "qwen3-Q8_0-qknorm": TinySpec("qwen3", QT.Q8_0),
     # K-quants come in blocks of 256: every K of the model must be a multiple
     "llama-Q4_K": TinySpec("llama", QT.Q4_K, hidden=256, head_dim=64, ffn=256),
+    "qwen2-Q5_K": TinySpec("qwen2", QT.Q5_K, hidden=256, head_dim=64, ffn=256),
     "llama-Q6_K-untied": TinySpec("llama", QT.Q6_K, tied=False, hidden=256, head_dim=64,
                                   ffn=256),
 }
-LOSSLESS = {"Q4_0", "Q4_1", "Q8_0", "F16", "F32"}
+LOSSLESS = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "F16", "F32"}
 
 
 @pytest.fixture(scope="module")
