@@ -102,16 +102,17 @@ def _build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import-gguf", help="convert a GGUF file into a model folder",
                          description="Convert a GGUF model file (llama, mistral, qwen2, qwen3) "
                          "into an ONNX model folder this engine and onnxruntime-genai load. "
-                         "Q4_0, Q4_1 and Q8_0 weights are kept bit for bit; other quantized "
-                         "types are re-quantized (gguf_import.json in the folder says which).")
+                         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights are kept "
+                         "bit for bit; other types are re-quantized (gguf_import.json in the "
+                         "folder says which).")
     imp.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file to convert")
     imp.add_argument("out_dir", metavar="OUT_DIR",
                      help="the model folder to write (must not exist yet, or be empty)")
     imp.add_argument("--precision", choices=("auto", "int4", "int8", "fp16", "fp32"),
                      default="auto",
-                     help="weights: auto keeps Q4_0/Q4_1/Q8_0 and float tensors as they are "
-                     "and re-quantizes other types by their bits; int4/int8 quantize every "
-                     "projection; fp16/fp32 dequantize (default auto)")
+                     help="weights: auto keeps the quantized types above and float tensors as "
+                     "they are and re-quantizes others to int4; int4/int8 store every "
+                     "projection in 4/8 bits; fp16/fp32 dequantize (default auto)")
     imp.add_argument("--quiet", action="store_true", help="no progress lines (default: print "
                      "them to stderr)")
 

@@ -11,11 +11,13 @@ default zero point: 8 for 4 bits, 128 for 8 bits); with ``minimum`` it is
 - Q4_0 (``d * (q - 8)``) and Q8_0 (``d * q``) are repacked as they are: same blocks of 32,
   same fp16 scales, same codes.
 - Q4_1 (``d * q + m``) keeps its codes, ``d`` and ``m``.
+- Q5_0 and Q5_1 keep their blocks as 8-bit codes (5 bits do not fit 4).
 - Q4_K and Q5_K (super-blocks of 256 in sub-blocks of 32, each ``(d * sc) * q - dmin * m``)
-  become blocks of 32 with fp32 scale and minimum: exact too (4-bit and 8-bit).
-- Anything else (Q6_K's blocks of 16, Q2_K, Q3_K, Q5_0/Q5_1, IQ types, floats asked to be
-  quantized) is dequantized by ``gguf``'s numpy code and quantized again: 4 bits as Q4_1
-  (per-block min and max), 8 bits as Q8_0 (per-block absolute max). Those are marked
+  become blocks of 32 with fp32 scale and minimum; Q6_K (sub-blocks of 16,
+  ``(d * sc) * (q - 32)``) 8-bit blocks of 16: exact too.
+- Anything else (Q2_K, Q3_K, IQ types, floats asked to be quantized) is dequantized by
+  ``gguf``'s numpy code and quantized again: 4 bits as Q4_1 (per-block min and max; blocks
+  of 16 for Q2_K and Q3_K), 8 bits as Q8_0 (per-block absolute max). Those are marked
   ``lossless=False``.
 """
 
@@ -44,6 +46,11 @@ class BlockWeight:
     #: with ``minimum``: the codes are stored plus this (``scale * (code - shift) + minimum``),
     #: so 4-bit codes widened to 8 bits stay centred on the zero point
     shift: int = 0
+
+    @property
+    def block(self) -> int:
+        """Values per block along K: 32 (16 for Q6_K kept as it is)."""
+        return int(self.codes.shape[2])
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -149,6 +156,40 @@ def from_q5_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
                        minimum, True, shift=112)
 
 
+def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1 codes ``[blocks, 32]`` from 4 bytes of high bits and 16 of nibbles."""
+    high = (qh.copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+    return _gguf_nibbles(qs) | (high.astype(np.uint8) << np.uint8(4))
+
+
+def from_q5_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q5_0 rows (``d * (q - 16)``) without loss, as 8-bit codes ``q + 112``."""
+    b = np.asarray(raw, np.uint8).reshape(-1, 22)
+    codes = (_five_bit(b[:, 2:6], b[:, 6:]) + np.uint8(112)).reshape(n, k // BLOCK, BLOCK)
+    return BlockWeight(8, codes, _fp16(b[:, 0:2]).reshape(n, k // BLOCK), None, True)
+
+
+def from_q5_1(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q5_1 rows (``d * q + m``) without loss, as 8-bit codes ``q + 112``."""
+    b = np.asarray(raw, np.uint8).reshape(-1, 24)
+    codes = (_five_bit(b[:, 4:8], b[:, 8:]) + np.uint8(112)).reshape(n, k // BLOCK, BLOCK)
+    return BlockWeight(8, codes, _fp16(b[:, 0:2]).reshape(n, k // BLOCK),
+                       _fp16(b[:, 2:4]).reshape(n, k // BLOCK), True, shift=112)
+
+
+def from_q6_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
+    """Q6_K rows without loss: sub-blocks of 16, each ``(d * sc) * (q - 32)`` with a signed
+    8-bit ``sc``, as 8-bit blocks of 16 (codes ``q + 96``, fp32 scales)."""
+    b = np.asarray(raw, np.uint8).reshape(-1, 210)
+    ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208], b[:, 208:210]
+    low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = low.reshape(-1, 8, 32) | (high.reshape(-1, 8, 32) << np.uint8(4))
+    scales = _fp16(d).astype(np.float32)[:, None] * sc.view(np.int8).astype(np.float32)
+    return BlockWeight(8, (q + np.uint8(96)).reshape(n, k // 16, 16),
+                       scales.reshape(n, k // 16), None, True)
+
+
 def widen(w: BlockWeight) -> BlockWeight:
     """4-bit blocks as 8-bit blocks, without loss (for ``--precision int8``). The codes move
     up by 120 so they stay centred on the zero point: MatMulNBits on int8-quantized inputs
@@ -160,11 +201,11 @@ def widen(w: BlockWeight) -> BlockWeight:
                        shift=120 if w.minimum is not None else 0)
 
 
-def quantize4(w: np.ndarray) -> BlockWeight:
+def quantize4(w: np.ndarray, block: int = BLOCK) -> BlockWeight:
     """An fp32 ``[N, K]`` weight as Q4_1-style blocks (min and max of each block, fp16
     ``d`` and ``m``, codes rounded against the fp16 values): lossy."""
     n, k = w.shape
-    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    b = w.reshape(n, k // block, block).astype(np.float32)
     lo, hi = b.min(-1), b.max(-1)
     m = lo.astype(np.float16)
     d = (np.maximum(hi - m.astype(np.float32), 0) / 15).astype(np.float16)
@@ -189,7 +230,7 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
     first = parts[0]
     if any(p.bits != first.bits or (p.minimum is None) != (first.minimum is None)
            or p.scales.dtype != first.scales.dtype or p.codes.shape[1] != first.codes.shape[1]
-           or p.shift != first.shift
+           or p.shift != first.shift or p.block != first.block
            for p in parts):
         return None
     minimum = (None if first.minimum is None

@@ -30,6 +30,7 @@ class Tied:
     bits: int  # 0: a float table
     shape: tuple[int, int]
     half: bool = False  # a float table stored as fp16
+    block: int = BLOCK
 
 _MASK = "/model/attn_mask_reformat/attn_mask_subgraph"
 
@@ -104,11 +105,11 @@ class GraphBuilder:
         offsets = self.g.op("Add", minimum, self.g.op("Mul", scales, zp))
         return data, scales, self.g.op("Transpose", offsets, perm=[1, 0])
 
-    def _block_sums(self, x: str, blocks: int) -> str:
-        """``x`` ``[batch, seq, K]`` summed over each block of 32: ``[batch, seq, blocks]``."""
+    def _block_sums(self, x: str, blocks: int, block: int) -> str:
+        """``x`` ``[batch, seq, K]`` summed over each block: ``[batch, seq, blocks]``."""
         key = (x, blocks)
         if key not in self._sums:
-            parts = self.g.op("Reshape", x, self.g.const([0, 0, blocks, BLOCK]))
+            parts = self.g.op("Reshape", x, self.g.const([0, 0, blocks, block]))
             self._sums[key] = self.g.op("ReduceSum", parts, self.g.const([-1]), keepdims=0)
         return self._sums[key]
 
@@ -130,11 +131,11 @@ class GraphBuilder:
             inits = self._block_inits(w, f"{stem}.MatMul")
         data, scales, offsets = inits
         y = self.g.op("MatMulNBits", x, data, scales, domain=MS_DOMAIN, K=k, N=n, bits=w.bits,
-                      block_size=BLOCK, accuracy_level=4, name=f"{stem}/MatMul_Q{w.bits}",
+                      block_size=w.block, accuracy_level=4, name=f"{stem}/MatMul_Q{w.bits}",
                       out=None if offsets else out)
         if offsets is None:
             return y
-        extra = self.g.op("MatMul", self._block_sums(x, k // BLOCK), offsets)
+        extra = self.g.op("MatMul", self._block_sums(x, k // w.block, w.block), offsets)
         return self.g.op("Add", y, extra, out=out)
 
     # -- the graph -------------------------------------------------------------------------
@@ -172,16 +173,17 @@ class GraphBuilder:
                 x = g.op("Cast", x, to=TensorProto.FLOAT)
             return x, (name, "", None)
         stem = "lm_head.MatMul" if tied else "model.embed_tokens"
-        self._tied = Tied(table.bits, table.shape)
+        self._tied = Tied(table.bits, table.shape, block=table.block)
         data, scales, offsets = self._block_inits(table, stem)
-        blocks = s.hidden // BLOCK
-        flat = g.op("Reshape", data, g.const([s.vocab, blocks * BLOCK * table.bits // 8]))
+        block = table.block
+        blocks = s.hidden // block
+        flat = g.op("Reshape", data, g.const([s.vocab, s.hidden * table.bits // 8]))
         x = g.op("GatherBlockQuantized", flat, "input_ids", scales, domain=MS_DOMAIN,
-                 bits=table.bits, block_size=BLOCK, gather_axis=0, quantize_axis=1,
+                 bits=table.bits, block_size=block, gather_axis=0, quantize_axis=1,
                  name="/model/embed_tokens/GatherBlockQuantized")
         if offsets is not None:
             rows = g.op("Gather", g.op("Transpose", offsets, perm=[1, 0]), "input_ids", axis=0)
-            x = g.op("Reshape", x, g.const([0, 0, blocks, BLOCK]))
+            x = g.op("Reshape", x, g.const([0, 0, blocks, block]))
             x = g.op("Add", x, g.op("Unsqueeze", rows, g.const([-1])))
             x = g.op("Reshape", x, g.const([0, 0, s.hidden]))
         return x, (data, scales, offsets)

@@ -1,19 +1,18 @@
 """One GGUF tensor at a time into the form the graph stores, per ``--precision``.
 
-=========  ==============================  =====================================
-precision  quantized tensors               float tensors (F32, F16, BF16)
-=========  ==============================  =====================================
-auto       Q4_0, Q4_1, Q8_0, Q4_K, Q5_K    kept: F16 as fp16, F32/BF16 as fp32
-           as they are; others re-
-           quantized (int8 for Q5_0, Q5_1,
-           Q6_K, Q8_K; else int4)
-int4       Q4_0, Q4_1, Q4_K as they are;   quantized to int4
-           others re-quantized to int4
-int8       Q4_0, Q4_1, Q4_K (widened),     quantized to int8
-           Q8_0, Q5_K as they are; others
-           re-quantized to int8
-fp16/fp32  dequantized                     converted
-=========  ==============================  =====================================
+=========  =====================================  ==============================
+precision  quantized tensors                      float tensors (F32, F16, BF16)
+=========  =====================================  ==============================
+auto       Q4_0, Q4_1, Q4_K (4-bit) and Q5_0,     kept: F16 as fp16, F32 and
+           Q5_1, Q5_K, Q6_K, Q8_0 (8-bit) as      BF16 as fp32
+           they are; others (Q2_K, Q3_K, IQ*)
+           re-quantized to int4
+int4       the 4-bit ones as they are; others     quantized to int4
+           re-quantized to int4
+int8       all of the above as they are (4-bit    quantized to int8
+           codes widened); others to int8
+fp16/fp32  dequantized                            converted
+=========  =====================================  ==============================
 
 Every weight is recorded (its GGUF type, what it became, and whether that is lossless).
 """
@@ -33,7 +32,10 @@ from engine.model.gguf_blocks import (
     from_q4_0,
     from_q4_1,
     from_q4_k,
+    from_q5_0,
+    from_q5_1,
     from_q5_k,
+    from_q6_k,
     from_q8_0,
     quantize4,
     quantize8,
@@ -43,7 +45,7 @@ from engine.model.gguf_graph import Linear
 
 PRECISIONS = ("auto", "int4", "int8", "fp16", "fp32")
 _EXACT = {QT.Q4_0: from_q4_0, QT.Q4_1: from_q4_1, QT.Q8_0: from_q8_0, QT.Q4_K: from_q4_k,
-          QT.Q5_K: from_q5_k}
+          QT.Q5_K: from_q5_k, QT.Q5_0: from_q5_0, QT.Q5_1: from_q5_1, QT.Q6_K: from_q6_k}
 _FLOATS = (QT.F32, QT.F16, QT.BF16)
 _WIDE = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K"}
 _ROWS = 2048
@@ -84,8 +86,13 @@ def dequantize(tensor: Any, rows: np.ndarray | None = None) -> np.ndarray:
 
 def requantize(tensor: Any, raw: np.ndarray, bits: int) -> BlockWeight:
     """Dequantize and quantize again, ``_ROWS`` rows at a time: a tensor's fp32 copy is
-    never whole in memory (a 150k-token embedding would be gigabytes)."""
-    quantize = quantize8 if bits == 8 else quantize4
+    never whole in memory (a 150k-token embedding would be gigabytes). 4-bit blocks are of
+    16 for the types whose own scales change every 16 values (Q2_K, Q3_K)."""
+    block = 16 if QT(int(tensor.tensor_type)) in (QT.Q2_K, QT.Q3_K) else BLOCK
+
+    def quantize(w: np.ndarray) -> BlockWeight:
+        return quantize8(w) if bits == 8 else quantize4(w, block)
+
     parts = [quantize(dequantize(tensor, raw[at:at + _ROWS]))
              for at in range(0, raw.shape[0], _ROWS)]
     return BlockWeight(bits, np.concatenate([p.codes for p in parts]),

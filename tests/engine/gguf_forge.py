@@ -5,7 +5,8 @@ The vocabulary is the forge's byte-level BPE (``tests/forge/tokenizer.py``: voca
 merges, control tokens, ChatML template), written as a ``gpt2`` GGUF vocabulary with the
 ``qwen2`` pre-tokenizer (the same split), so the imported ``tokenizer.json`` can be checked
 against the one it came from. Legacy types are quantized by ``gguf``'s own numpy code;
-K-quants, which it only dequantizes, are random blocks with sane scales.
+K-quants, which it only dequantizes, are random blocks with sane scales (the untied output
+of a K-quant model is Q6_K, as in llama.cpp's Q4_K_M files).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from tests.forge.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, make_tokenizer_files
 
-#: K-quant block layouts: (bytes per 256 values, byte offsets of fp16 fields)
+#: K-quant block layouts: byte offsets of their fp16 fields (d, dmin)
 _KQUANT_FP16 = {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.Q3_K: (108,),
                 QT.Q2_K: (80, 82)}
+#: the largest |sub-block scale * code| of each type, to size ``d`` so |w| stays near 0.15
+_KQUANT_RANGE = {QT.Q4_K: 63 * 15, QT.Q5_K: 63 * 31, QT.Q6_K: 128 * 32, QT.Q3_K: 32 * 4,
+                 QT.Q2_K: 15 * 3}
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ def _kquant(rng: np.random.Generator, qtype: QT, n: int, k: int) -> np.ndarray:
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
     for at in _KQUANT_FP16[qtype]:
-        scale = rng.uniform(0.001, 0.004, size=(n, k // block)).astype(np.float16)
+        top = 0.15 / _KQUANT_RANGE[qtype]
+        scale = rng.uniform(top / 2, top, size=(n, k // block)).astype(np.float16)
         raw[..., at:at + 2] = scale.view(np.uint8).reshape(n, k // block, 2)
     return raw.reshape(n, -1)
 
@@ -114,8 +119,7 @@ def write_gguf(path: Path, spec: TinySpec, tok_dir: Path, *,
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     q_dim, kv_dim = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    embed_type = spec.qtype if spec.qtype not in _KQUANT_FP16 else QT.Q8_0
-    _weight(w, rng, "token_embd.weight", (vocab, spec.hidden), embed_type, 0.5)
+    _weight(w, rng, "token_embd.weight", (vocab, spec.hidden), spec.qtype, 0.5)
 
     def norm(name: str, size: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32))

@@ -27,6 +27,8 @@ CASES = {
     "llama-Q4_0": TinySpec("llama", QT.Q4_0),
     "llama-Q4_1": TinySpec("llama", QT.Q4_1),
     "llama-Q8_0": TinySpec("llama", QT.Q8_0),
+    "llama-Q5_0": TinySpec("llama", QT.Q5_0),
+    "qwen2-Q5_1-untied": TinySpec("qwen2", QT.Q5_1, tied=False),
     "llama-F16": TinySpec("llama", QT.F16),
     "llama-F32-untied": TinySpec("llama", QT.F32, tied=False),
     "mistral-Q4_1-untied": TinySpec("mistral", QT.Q4_1, tied=False),
@@ -35,10 +37,14 @@ CASES = {
     # K-quants come in blocks of 256: every K of the model must be a multiple
     "llama-Q4_K": TinySpec("llama", QT.Q4_K, hidden=256, head_dim=64, ffn=256),
     "qwen2-Q5_K": TinySpec("qwen2", QT.Q5_K, hidden=256, head_dim=64, ffn=256),
+    "qwen3-Q6_K": TinySpec("qwen3", QT.Q6_K, hidden=256, head_dim=64, ffn=256),
+    "llama-Q4_K-untied": TinySpec("llama", QT.Q4_K, tied=False, hidden=256, head_dim=64,
+                                  ffn=256),
+    "llama-Q3_K": TinySpec("llama", QT.Q3_K, hidden=256, head_dim=64, ffn=256),
     "llama-Q6_K-untied": TinySpec("llama", QT.Q6_K, tied=False, hidden=256, head_dim=64,
                                   ffn=256),
 }
-LOSSLESS = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "F16", "F32"}
+LOSSLESS = {"Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"}
 
 
 @pytest.fixture(scope="module")
@@ -105,15 +111,19 @@ def test_auto_import_keeps_or_requantizes_and_says_which(gguf_dir, tok_dir, tmp_
     scale = np.abs(ref).max()
     # as the engine runs it (MatMulNBits on int8-quantized inputs, like llama.cpp's CPU path)
     got = _logits(out, IDS)
-    assert np.abs(got - ref).max() < 0.05 * scale
+    assert _correlation(got, ref) > 0.98
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.75
     # the weights themselves: exact where the GGUF's blocks were kept
     exact = _logits(_exact_compute_copy(out, tmp_path / "exact"), IDS)
     if lossless:
         assert np.abs(exact - ref).max() < 1e-4 * scale
-    else:
-        assert np.abs(exact - ref).max() > 1e-4 * scale  # re-quantized: close, not equal
-        assert np.abs(exact - ref).max() < 0.05 * scale
+    else:  # re-quantized: close, not equal
+        assert np.abs(exact - ref).max() > 1e-4 * scale
+        assert _correlation(exact, ref) > 0.98
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
 
 
 def test_q4_and_q8_blocks_become_matmulnbits_with_the_same_scales(gguf_dir, tok_dir, tmp_path):
@@ -141,7 +151,7 @@ def test_precision_decides_how_weights_are_stored(gguf_dir, tok_dir, tmp_path, p
                if t["gguf_type"] == "Q4_1")
     ref = reference_logits(str(gguf), IDS)
     got = _logits(out, IDS)
-    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+    assert _correlation(got, ref) > 0.99
 
 
 def test_tokenizer_is_rebuilt_from_the_gguf_vocabulary(gguf_dir, tok_dir, tmp_path):
