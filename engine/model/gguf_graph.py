@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto
 
 from engine.model.gguf_blocks import BLOCK, BlockWeight
+from engine.model.onnx_proto import FLOAT, INT32, INT64
 from engine.model.onnx_writer import MS_DOMAIN, OnnxWriter, tensor_info
 
 #: A projection's weight: blocks, or a float ``[N, K]`` array (fp32 or fp16).
@@ -90,7 +90,7 @@ class GraphBuilder:
         Runtime folds at load), anything else as fp32."""
         if array.dtype == np.float16:
             stored = self.g.init(name + "_f16", array)
-            return self.g.op("Cast", stored, to=TensorProto.FLOAT, out=name,
+            return self.g.op("Cast", stored, to=FLOAT, out=name,
                              name=f"{name}/Cast")
         return self.g.init(name, array.astype(np.float32))
 
@@ -120,7 +120,7 @@ class GraphBuilder:
             assert inits is not None
             table = self.g.op("Transpose", inits[0], perm=[1, 0])
             if w.half:
-                table = self.g.op("Cast", table, to=TensorProto.FLOAT)
+                table = self.g.op("Cast", table, to=FLOAT)
             return self.g.op("MatMul", x, table, out=out)
         if isinstance(w, np.ndarray):
             return self.g.op("MatMul", x, self._fp32(np.ascontiguousarray(w.T),
@@ -144,10 +144,10 @@ class GraphBuilder:
         one = g.const([1])
         total = g.op("ReduceSum", "attention_mask", one, keepdims=0,
                      out=f"{_MASK}/ReduceSum/output_0")
-        seqlens = g.op("Cast", g.op("Sub", total, one), to=TensorProto.INT32,
+        seqlens = g.op("Cast", g.op("Sub", total, one), to=INT32,
                        out=f"{_MASK}/Sub/Cast/output_0")
         length = g.op("Gather", g.op("Shape", "attention_mask"), g.const(1), axis=0)
-        length = g.op("Cast", length, to=TensorProto.INT32, out=f"{_MASK}/Gather/Cast/output_0")
+        length = g.op("Cast", length, to=INT32, out=f"{_MASK}/Gather/Cast/output_0")
         return seqlens, length
 
     def rope(self, freq_factors: np.ndarray | None) -> None:
@@ -170,7 +170,7 @@ class GraphBuilder:
             self._tied = Tied(0, (s.vocab, s.hidden), table.dtype == np.float16)
             x = g.op("Gather", name, "input_ids", axis=0)
             if table.dtype != np.float32:
-                x = g.op("Cast", x, to=TensorProto.FLOAT)
+                x = g.op("Cast", x, to=FLOAT)
             return x, (name, "", None)
         stem = "lm_head.MatMul" if tied else "model.embed_tokens"
         self._tied = Tied(table.bits, table.shape, block=table.block)
@@ -272,9 +272,9 @@ class GraphBuilder:
             self.linear(h, head(), "lm_head", out="logits")
         progress("output.weight")
 
-    def io(self) -> tuple[list, list]:
+    def io(self) -> tuple[list[bytes], list[bytes]]:
         s = self.s
-        f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+        f32, i64 = FLOAT, INT64
         inputs = [tensor_info("input_ids", i64, ["batch_size", "sequence_length"]),
                   tensor_info("attention_mask", i64, ["batch_size", "total_sequence_length"])]
         outputs = [tensor_info("logits", f32, ["batch_size", "sequence_length", s.vocab])]

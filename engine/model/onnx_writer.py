@@ -2,7 +2,8 @@
 
 Each initializer of 1 KiB or more is appended to the external data file the moment it is
 added (aligned to 4 KiB, as ORT maps it) and only its location stays in memory, so writing a
-model needs about one tensor's worth of RAM at a time.
+model needs about one tensor's worth of RAM at a time. The protobuf is encoded by
+:mod:`engine.model.onnx_proto` (the packaged app has no ``onnx`` package).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+from engine.model import onnx_proto
 
 MS_DOMAIN = "com.microsoft"
 OPSET = 21
@@ -22,7 +23,7 @@ _ALIGN = 4096
 
 
 class OnnxWriter:
-    """Nodes and initializers of one graph; weights go to ``data_path`` as they are added."""
+    """Nodes and initializers of one graph; weights go to the data file as they are added."""
 
     def __init__(self, model_path: Path, name: str = "main_graph") -> None:
         self.model_path = Path(model_path)
@@ -30,8 +31,8 @@ class OnnxWriter:
         self._data: IO[bytes] = open(self.model_path.parent / self.data_name, "wb")  # noqa: SIM115
         self._offset = 0
         self.name = name
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
+        self.nodes: list[bytes] = []
+        self.initializers: list[bytes] = []
         self._names: set[str] = set()
         self._counter = 0
         self.bytes_written = 0
@@ -44,25 +45,18 @@ class OnnxWriter:
         self._names.add(name)
         array = np.ascontiguousarray(array)
         if array.nbytes < _EXTERNAL_MIN_BYTES:
-            self.initializers.append(numpy_helper.from_array(array, name))
+            self.initializers.append(onnx_proto.tensor(name, array))
             return name
         pad = -self._offset % _ALIGN
         if pad:
             self._data.write(b"\0" * pad)
             self._offset += pad
         self._data.write(array.tobytes())
-        tensor = TensorProto()
-        tensor.name = name
-        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        tensor.dims.extend(array.shape)
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", self.data_name), ("offset", str(self._offset)),
-                           ("length", str(array.nbytes))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
+        self.initializers.append(onnx_proto.external_tensor(
+            name, onnx_proto.dtype_of(array), array.shape, self.data_name, self._offset,
+            array.nbytes))
         self._offset += array.nbytes
         self.bytes_written += array.nbytes
-        self.initializers.append(tensor)
         return name
 
     def const(self, values: Any, dtype: type = np.int64) -> str:
@@ -86,24 +80,20 @@ class OnnxWriter:
         node_name = name or f"/{op_type}_{self._counter}"
         if isinstance(outputs, int):
             outputs = [f"{node_name}/output_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=node_name,
-                                           domain=domain or None, **attrs))
+        self.nodes.append(onnx_proto.node(op_type, inputs, outputs, node_name, domain, **attrs))
         return outputs
 
     # -- the file --------------------------------------------------------------------------
-    def save(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> None:
+    def save(self, inputs: list[bytes], outputs: list[bytes]) -> None:
         """Close the data file and write ``model.onnx`` (graph and small constants)."""
         self._data.close()
-        graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid(MS_DOMAIN, 1)],
-                                  producer_name="onnx-local-llm import-gguf")
-        model.ir_version = IR_VERSION
-        self.model_path.write_bytes(model.SerializeToString())
+        self.model_path.write_bytes(onnx_proto.model(
+            self.nodes, self.name, inputs, outputs, self.initializers,
+            [("", OPSET), (MS_DOMAIN, 1)], IR_VERSION, "onnx-local-llm import-gguf"))
 
     def abandon(self) -> None:
         self._data.close()
 
 
-def tensor_info(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
+def tensor_info(name: str, elem: int, shape: list[int | str]) -> bytes:
+    return onnx_proto.value_info(name, elem, shape)

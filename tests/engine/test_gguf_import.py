@@ -265,3 +265,22 @@ def test_cli_imports_and_reports(gguf_dir, tok_dir, tmp_path):
                           str(tmp_path / "n")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert "is not a file" in bad.stderr and "fix:" in bad.stderr
+
+
+def test_import_needs_no_onnx_package(gguf_dir, tok_dir, tmp_path):
+    """The packaged app leaves ``onnx`` out: the importer writes the protobuf itself, and
+    what it writes is a model the onnx package reads back node for node."""
+    gguf = _gguf(gguf_dir, tok_dir, "qwen3-Q8_0-qknorm")
+    script = ("import sys; sys.modules['onnx'] = None\n"
+              "from engine.model.gguf import import_gguf\n"
+              f"import_gguf({str(gguf)!r}, {str(tmp_path / 'm')!r})\n"
+              "assert 'onnx' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = onnx.load(str(tmp_path / "m" / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and ops.count("SimplifiedLayerNormalization")
+    gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    assert gqa.domain == "com.microsoft"
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}["num_heads"] == 4
