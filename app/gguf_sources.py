@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.model.gguf import work_dir
+
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 
 
@@ -120,7 +122,7 @@ def import_command(gguf: Path, out_dir: Path) -> tuple[str, list[str]]:
 def free_folder(parent: Path, name: str) -> Path:
     """``parent/name``, or ``name-2``, ``name-3``... when taken."""
     candidate, n = parent / name, 1
-    while candidate.exists() or candidate.with_name(candidate.name + ".importing").exists():
+    while candidate.exists() or work_dir(candidate).exists():
         n += 1
         candidate = parent / f"{name}-{n}"
     return candidate

@@ -34,6 +34,7 @@ from app.context import AppContext
 from app.gguf_sources import GGUFFile, find_gguf_files, free_folder, import_command
 from app.library import human_size
 from app.views.models_table import named
+from engine.model.gguf import work_dir
 
 _STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 
@@ -181,7 +182,7 @@ class GGUFPanel(QGroupBox):
             process.deleteLater()
         if (self._cancelled or code != 0) and target is not None:
             # a killed import leaves its work folder behind
-            shutil.rmtree(target.with_name(target.name + ".importing"), ignore_errors=True)
+            shutil.rmtree(work_dir(target), ignore_errors=True)
         if self._cancelled:
             self._finish("cancelled", "Import cancelled; nothing was kept.")
         elif code != 0:

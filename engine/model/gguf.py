@@ -5,8 +5,8 @@ writes ``model.onnx`` + ``model.onnx.data`` (a GroupQueryAttention decoder like 
 onnxruntime-genai builder's), ``genai_config.json``, ``tokenizer.json``,
 ``tokenizer_config.json``, ``chat_template.jinja`` and ``gguf_import.json`` (what became of
 every weight: kept bit for bit, or re-quantized). Weights are read, converted and written one
-tensor at a time. The folder appears whole or not at all: it is written next to ``OUT_DIR``
-and renamed at the end.
+tensor at a time. The folder appears whole or not at all: it is written into a hidden
+sibling of ``OUT_DIR`` (:func:`work_dir`) and renamed at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen
 #: architectures whose Q/K rows llama.cpp's converter permuted (for interleaved RoPE)
 _PERMUTED = ("llama", "mistral")
 METADATA_FILE = "gguf_import.json"
+
+
+def work_dir(out_dir: Path) -> Path:
+    """Where an import into ``out_dir`` writes until it is complete: a hidden sibling, so a
+    library scan never lists a half-written model."""
+    return out_dir.with_name(f".{out_dir.name}.importing")
 
 
 @dataclass(frozen=True)
@@ -243,7 +249,7 @@ def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *
     s = _shape(r)
     vocab = _vocab(r)
     tied = "output.weight" not in r.tensors
-    work = dst.with_name(dst.name + ".importing")
+    work = work_dir(dst)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     total = s.layers + 3

@@ -220,7 +220,7 @@ def test_progress_reports_every_layer_and_cancel_leaves_nothing(gguf_dir, tok_di
     with pytest.raises(CancelledError):
         import_gguf(gguf, tmp_path / "cancelled", cancel=lambda: len(seen) > 6,
                     progress=seen.append)
-    assert not any(p.name.startswith("cancelled") for p in tmp_path.iterdir())
+    assert not any("cancelled" in p.name for p in tmp_path.iterdir())
 
 
 def test_truncated_and_corrupt_files_get_a_clear_error(gguf_dir, tok_dir, tmp_path):
@@ -231,7 +231,7 @@ def test_truncated_and_corrupt_files_get_a_clear_error(gguf_dir, tok_dir, tmp_pa
         with pytest.raises(ModelLoadError, match="damaged or truncated|truncated") as err:
             import_gguf(bad, tmp_path / f"out{cut}")
         assert "download the file again" in str(err.value)
-        assert not (tmp_path / f"out{cut}").exists()
+        assert not any(f"out{cut}" in p.name for p in tmp_path.iterdir())
     not_gguf = tmp_path / "model.gguf"
     not_gguf.write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(ModelLoadError, match="is not a GGUF file"):
