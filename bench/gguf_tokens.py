@@ -86,7 +86,8 @@ def main() -> None:
         done = subprocess.run([args.peers_python, "-c", _THEIRS, str(job)], check=True,
                               capture_output=True, text=True, timeout=600)
         theirs = json.loads(done.stdout.strip().splitlines()[-1])
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
+                      if a != b), None)
         report[kind] = {"tokens": len(ours), "llama_cpp_tokens": len(theirs),
                         "identical": ours == theirs, "first_difference": first}
     (work / "report.json").write_text(json.dumps(report, indent=2))
