@@ -26,7 +26,7 @@ from engine.errors import CancelledError, ModelLoadError, UnsupportedModelError
 from engine.model.gguf_blocks import concat_rows
 from engine.model.gguf_graph import DecoderShape, GraphBuilder, LayerWeights
 from engine.model.gguf_tokenizer import GGUFVocab, write_tokenizer
-from engine.model.gguf_weights import PRECISIONS, WeightReader, vector
+from engine.model.gguf_weights import PRECISIONS, WeightReader, unpermute_rows, vector
 from engine.model.onnx_writer import OnnxWriter
 
 #: GGUF general.architecture -> onnxruntime-genai's model type
@@ -142,6 +142,7 @@ def _shape(r: _Reader) -> DecoderShape:
     window = r.field(f"{arch}.attention.sliding_window")
     return DecoderShape(
         arch=arch, layers=int(r.need(f"{arch}.block_count")), hidden=hidden, heads=heads,
+        ffn=int(r.need(f"{arch}.feed_forward_length")),
         kv_heads=int(r.field(f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
         vocab=vocab, context=int(r.need(f"{arch}.context_length")),
         rms_eps=float(r.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
@@ -172,9 +173,28 @@ def _vocab(r: _Reader) -> GGUFVocab:
         chat_template=r.field("tokenizer.chat_template"))
 
 
+def _expected_shapes(s: DecoderShape) -> dict[str, tuple[int, ...]]:
+    """Each layer tensor's GGUF shape (``[K, N]`` for a projection) per the metadata."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    ffn = s.ffn
+    return {"attn_norm": (s.hidden,), "ffn_norm": (s.hidden,), "attn_q": (s.hidden, q),
+            "attn_k": (s.hidden, kv), "attn_v": (s.hidden, kv), "attn_output": (q, s.hidden),
+            "ffn_gate": (s.hidden, ffn), "ffn_up": (s.hidden, ffn), "ffn_down": (ffn, s.hidden)}
+
+
 def _layer(r: _Reader, w: WeightReader, s: DecoderShape, i: int) -> LayerWeights:
+    shapes = _expected_shapes(s)
+
     def t(name: str) -> Any:
-        return r.tensor(f"blk.{i}.{name}.weight")
+        found = r.tensor(f"blk.{i}.{name}.weight")
+        shape = tuple(int(d) for d in found.shape)
+        if shape != shapes[name]:
+            raise ModelLoadError(
+                f"{r.path.name}: blk.{i}.{name}.weight has shape {list(shape)}, the metadata "
+                f"({s.arch}: hidden {s.hidden}, {s.heads} heads of {s.head_dim}, "
+                f"{s.kv_heads} KV heads, feed-forward {s.ffn}) says {list(shapes[name])}",
+                hint="the file's metadata and tensors disagree: download the file again")
+        return found
 
     def opt(name: str) -> np.ndarray | None:
         found = r.tensors.get(f"blk.{i}.{name}")
@@ -191,7 +211,6 @@ def _layer(r: _Reader, w: WeightReader, s: DecoderShape, i: int) -> LayerWeights
         q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
         q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"))
     if permuted and lw.q_bias is not None and lw.k_bias is not None:
-        from engine.model.gguf_weights import unpermute_rows
         lw.q_bias = unpermute_rows(lw.q_bias, s.heads)
         lw.k_bias = unpermute_rows(lw.k_bias, s.kv_heads)
     if lw.q_norm is None and not any(isinstance(p, np.ndarray) for p in (lw.q, lw.k, lw.v)):
@@ -292,9 +311,14 @@ def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *
         if dst.exists():
             dst.rmdir()
         work.rename(dst)
-    except BaseException:
+    except BaseException as exc:
         writer.abandon()
         shutil.rmtree(work, ignore_errors=True)
+        if isinstance(exc, (ValueError, IndexError, KeyError, TypeError, NotImplementedError)):
+            raise ModelLoadError(
+                f"{src.name} could not be converted: {type(exc).__name__}: {exc}",
+                hint="the file may be damaged (download it again) or use a tensor layout "
+                     "import-gguf does not know") from exc
         raise
     size = sum(p.stat().st_size for p in dst.iterdir() if p.is_file())
     return ImportResult(dst, time.monotonic() - start, s.arch, precision, summary["lossless"],

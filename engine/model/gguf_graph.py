@@ -50,6 +50,7 @@ class DecoderShape:
     rms_eps: float
     rope_theta: float
     rope_dim: int
+    ffn: int = 0
     rope_scale: float = 1.0  # linear position scaling (positions / factor)
     sliding_window: int = -1
 

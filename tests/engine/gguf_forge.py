@@ -90,8 +90,9 @@ def _weight(w: GGUFWriter, rng: np.random.Generator, name: str, shape: tuple[int
 
 
 def write_gguf(path: Path, spec: TinySpec, tok_dir: Path, *,
-               arch_name: str | None = None) -> Path:
-    """A tiny GGUF decoder at ``path``; ``arch_name`` overrides general.architecture."""
+               arch_name: str | None = None, ffn_in_metadata: int | None = None) -> Path:
+    """A tiny GGUF decoder at ``path``; ``arch_name`` overrides general.architecture,
+    ``ffn_in_metadata`` the feed-forward size its metadata claims."""
     tokens, types, merges = _vocab(tok_dir)
     vocab = len(tokens)
     rng = np.random.default_rng(spec.seed)
@@ -100,7 +101,7 @@ def write_gguf(path: Path, spec: TinySpec, tok_dir: Path, *,
     w.add_block_count(spec.layers)
     w.add_context_length(spec.context)
     w.add_embedding_length(spec.hidden)
-    w.add_feed_forward_length(spec.ffn)
+    w.add_feed_forward_length(ffn_in_metadata or spec.ffn)
     w.add_head_count(spec.heads)
     w.add_head_count_kv(spec.kv_heads)
     w.add_key_length(spec.head_dim)

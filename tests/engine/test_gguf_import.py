@@ -238,6 +238,15 @@ def test_truncated_and_corrupt_files_get_a_clear_error(gguf_dir, tok_dir, tmp_pa
         import_gguf(not_gguf, tmp_path / "out")
 
 
+def test_tensors_that_disagree_with_the_metadata_are_named(tok_dir, tmp_path):
+    path = write_gguf(tmp_path / "g.gguf", TinySpec(), tok_dir, ffn_in_metadata=96)
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_gate\.weight has shape \[64, 128\]"
+                       r".*says \[64, 96\]") as err:
+        import_gguf(path, tmp_path / "out")
+    assert "download the file again" in str(err.value)
+    assert not any("out" in p.name for p in tmp_path.iterdir())
+
+
 def test_unsupported_architecture_is_named(gguf_dir, tok_dir, tmp_path):
     path = write_gguf(tmp_path / "g.gguf", TinySpec(), tok_dir, arch_name="gemma2")
     with pytest.raises(UnsupportedModelError, match="'gemma2'.*llama, mistral, qwen2, qwen3"):
