@@ -187,9 +187,11 @@ def test_engine_chats_with_the_imported_folder(gguf_dir, tok_dir, tmp_path):
         engine.close()
 
 
-def test_onnxruntime_genai_loads_the_folder_and_agrees(gguf_dir, tok_dir, tmp_path):
+@pytest.mark.parametrize("case", ["llama-Q8_0", "mistral-Q4_1-untied", "qwen2-Q4_0-bias",
+                                  "qwen3-Q8_0-qknorm", "llama-Q6_K-untied"])
+def test_onnxruntime_genai_loads_the_folder_and_agrees(gguf_dir, tok_dir, tmp_path, case):
     og = pytest.importorskip("onnxruntime_genai")
-    out = import_gguf(_gguf(gguf_dir, tok_dir, "llama-Q8_0"), tmp_path / "m").out_dir
+    out = import_gguf(_gguf(gguf_dir, tok_dir, case), tmp_path / "m").out_dir
     model = og.Model(str(out))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(IDS) + 6, do_sample=False)
