@@ -35,6 +35,19 @@ class NotExact(RuntimeError):
 
 
 @dataclass
+class Factors:
+    """Scales (and minimums) as the K-quants store them: an fp16 per super-block times a
+    small integer per sub-block (``scale = d * sc``, ``minimum = -dmin * m``). The file
+    keeps these (as small as the GGUF's); the graph multiplies them back in fp32, which
+    ONNX Runtime folds at load into exactly ``scales`` / ``minimum``."""
+
+    d: np.ndarray  # [N, S] float16
+    sc: np.ndarray  # [N, S, per] uint8 or int8
+    dmin: np.ndarray | None = None  # [N, S] float16
+    m: np.ndarray | None = None  # [N, S, per] uint8
+
+
+@dataclass
 class BlockWeight:
     """An ``[N, K]`` weight as blocks (see the module's docstring)."""
 
@@ -46,6 +59,8 @@ class BlockWeight:
     #: with ``minimum``: the codes are stored plus this (``scale * (code - shift) + minimum``),
     #: so 4-bit codes widened to 8 bits stay centred on the zero point
     shift: int = 0
+    #: K-quants: ``scales`` and ``minimum`` as stored factors (None: stored as they are)
+    factors: Factors | None = None
 
     @property
     def block(self) -> int:
@@ -116,18 +131,21 @@ def from_q8_0(raw: np.ndarray, n: int, k: int) -> BlockWeight:
 
 
 def _k_quant_parts(raw: np.ndarray, n: int, k: int, size: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Factors]:
     """A Q4_K / Q5_K super-block's sub-block scales ``d * sc`` and minimums ``-dmin * m``
-    (fp32: exact, an fp16 times a 6-bit integer) and its remaining bytes."""
+    (fp32: exact, an fp16 times a 6-bit integer), its remaining bytes and the factors."""
     from gguf.quants import Q4_K
 
     b = np.asarray(raw, np.uint8).reshape(-1, size)
-    d = _fp16(b[:, 0:2]).astype(np.float32)[:, None]
-    dmin = _fp16(b[:, 2:4]).astype(np.float32)[:, None]
+    d16, dmin16 = _fp16(b[:, 0:2]), _fp16(b[:, 2:4])
     sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))
-    scales = (d * sc.astype(np.float32)).reshape(n, k // BLOCK)
-    minimum = (-(dmin * m.astype(np.float32))).reshape(n, k // BLOCK)
-    return scales, minimum, b[:, 16:], b
+    scales = (d16.astype(np.float32)[:, None] * sc.astype(np.float32)).reshape(n, k // BLOCK)
+    minimum = (-(dmin16.astype(np.float32)[:, None] * m.astype(np.float32))
+               ).reshape(n, k // BLOCK)
+    s = k // 256
+    factors = Factors(d16.reshape(n, s), sc.astype(np.uint8).reshape(n, s, 8),
+                      dmin16.reshape(n, s), m.astype(np.uint8).reshape(n, s, 8))
+    return scales, minimum, b[:, 16:], factors
 
 
 def _low_high_nibbles(qs: np.ndarray) -> np.ndarray:
@@ -140,20 +158,20 @@ def _low_high_nibbles(qs: np.ndarray) -> np.ndarray:
 def from_q4_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
     """Q4_K rows without loss: each sub-block of 32 is ``(d * sc) * q - dmin * m``, a Q4_1
     block with fp32 scale and minimum."""
-    scales, minimum, qs, _ = _k_quant_parts(raw, n, k, 144)
+    scales, minimum, qs, factors = _k_quant_parts(raw, n, k, 144)
     codes = _low_high_nibbles(qs).reshape(n, k // BLOCK, BLOCK)
-    return BlockWeight(4, codes, scales, minimum, True)
+    return BlockWeight(4, codes, scales, minimum, True, factors=factors)
 
 
 def from_q5_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
     """Q5_K rows without loss, as 8-bit blocks (5-bit codes moved up by 112 to sit around
     the zero point 128)."""
-    scales, minimum, rest, _ = _k_quant_parts(raw, n, k, 176)
+    scales, minimum, rest, factors = _k_quant_parts(raw, n, k, 176)
     qh, qs = rest[:, :32], rest[:, 32:]
     high = (qh.reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
     codes = _low_high_nibbles(qs) | (high << np.uint8(4))
     return BlockWeight(8, (codes + np.uint8(112)).reshape(n, k // BLOCK, BLOCK), scales,
-                       minimum, True, shift=112)
+                       minimum, True, shift=112, factors=factors)
 
 
 def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -185,9 +203,11 @@ def from_q6_k(raw: np.ndarray, n: int, k: int) -> BlockWeight:
     low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
     high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
     q = low.reshape(-1, 8, 32) | (high.reshape(-1, 8, 32) << np.uint8(4))
-    scales = _fp16(d).astype(np.float32)[:, None] * sc.view(np.int8).astype(np.float32)
+    d16, sc8 = _fp16(d), sc.view(np.int8)
+    scales = d16.astype(np.float32)[:, None] * sc8.astype(np.float32)
+    factors = Factors(d16.reshape(n, k // 256), sc8.reshape(n, k // 256, 16))
     return BlockWeight(8, (q + np.uint8(96)).reshape(n, k // 16, 16),
-                       scales.reshape(n, k // 16), None, True)
+                       scales.reshape(n, k // 16), None, True, factors=factors)
 
 
 def widen(w: BlockWeight) -> BlockWeight:
@@ -198,7 +218,7 @@ def widen(w: BlockWeight) -> BlockWeight:
         return w
     codes = (w.codes.astype(np.int16) + 120).astype(np.uint8)
     return BlockWeight(8, codes, w.scales, w.minimum, w.lossless,
-                       shift=120 if w.minimum is not None else 0)
+                       shift=120 if w.minimum is not None else 0, factors=w.factors)
 
 
 def quantize4(w: np.ndarray, block: int = BLOCK) -> BlockWeight:
@@ -237,7 +257,22 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
                else np.concatenate([p.minimum for p in parts if p.minimum is not None]))
     return BlockWeight(first.bits, np.concatenate([p.codes for p in parts]),
                        np.concatenate([p.scales for p in parts]), minimum,
-                       all(p.lossless for p in parts), first.shift)
+                       all(p.lossless for p in parts), first.shift, _concat_factors(parts))
+
+
+def _concat_factors(parts: list[BlockWeight]) -> Factors | None:
+    """The parts' factors stacked, when every part has them in one form (else None: the
+    stacked weight stores its scales as they are)."""
+    factors = [p.factors for p in parts]
+    if any(f is None for f in factors):
+        return None
+    fs = [f for f in factors if f is not None]
+    if len({(f.sc.dtype, f.sc.shape[1:], f.dmin is None) for f in fs}) != 1:
+        return None
+    minimums = [(f.dmin, f.m) for f in fs if f.dmin is not None and f.m is not None]
+    return Factors(np.concatenate([f.d for f in fs]), np.concatenate([f.sc for f in fs]),
+                   np.concatenate([d for d, _ in minimums]) if minimums else None,
+                   np.concatenate([m for _, m in minimums]) if minimums else None)
 
 
 # -- read back from dequantized fp32 weights (tools/gguf_exact.py) -------------------------

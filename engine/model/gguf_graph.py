@@ -98,13 +98,31 @@ class GraphBuilder:
     def _block_inits(self, w: BlockWeight, stem: str) -> tuple[str, str, str | None]:
         """The blocks' ``B``, fp32 scales and ``[blocks, N]`` offsets (or None)."""
         data = self.g.init(f"{stem}.weight_Q{w.bits}", w.packed())
-        scales = self._fp32(w.scales, f"{stem}.weight_scales")
+        f = w.factors
+        scales = (self._factored(f.d, f.sc, f"{stem}.weight_scales") if f is not None
+                  else self._fp32(w.scales, f"{stem}.weight_scales"))
         if w.minimum is None:
             return data, scales, None
-        minimum = self._fp32(w.minimum, f"{stem}.weight_min")
+        if f is not None and f.dmin is not None and f.m is not None:
+            minimum = self._factored(f.dmin, f.m, f"{stem}.weight_min", negate=True)
+        else:
+            minimum = self._fp32(w.minimum, f"{stem}.weight_min")
         zp = self.g.const(float(2 ** (w.bits - 1) - w.shift), np.float32)
         offsets = self.g.op("Add", minimum, self.g.op("Mul", scales, zp))
         return data, scales, self.g.op("Transpose", offsets, perm=[1, 0])
+
+    def _factored(self, d: np.ndarray, ints: np.ndarray, name: str, negate: bool = False
+                  ) -> str:
+        """``d[:, :, None] * ints`` (negated) as ``[N, S * per]`` fp32, from an fp16 and a
+        small-integer initializer: nodes ONNX Runtime folds at load."""
+        g = self.g
+        n, s, per = ints.shape
+        dn = g.op("Cast", g.init(name + "_d", d), to=FLOAT)
+        qn = g.op("Cast", g.init(name + "_q", ints), to=FLOAT)
+        product = g.op("Mul", qn, g.op("Unsqueeze", dn, g.const([-1])))
+        if negate:
+            product = g.op("Neg", product)
+        return g.op("Reshape", product, g.const([n, s * per]), out=name)
 
     def _block_sums(self, x: str, blocks: int, block: int) -> str:
         """``x`` ``[batch, seq, K]`` summed over each block: ``[batch, seq, blocks]``."""
