@@ -46,11 +46,13 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _stats(logits: np.ndarray, ids: list[int]) -> dict[str, list[float] | list[int]]:
-    """Per position t < n-1: argmax and log p(ids[t+1])."""
+    """Per position t < n-1: argmax, log p(ids[t+1]) and the top-2 log-probability margin."""
     lp = _log_softmax(logits[:-1])
     nxt = np.array(ids[1:])
+    top2 = np.sort(lp, axis=-1)[:, -2:]
     return {"argmax": logits[:-1].argmax(-1).tolist(),
-            "logp": lp[np.arange(len(nxt)), nxt].tolist()}
+            "logp": lp[np.arange(len(nxt)), nxt].tolist(),
+            "margin": (top2[:, 1] - top2[:, 0]).tolist()}
 
 
 def arm_ours(model: str, ids: list[int]) -> dict[str, object]:
@@ -127,13 +129,21 @@ def main() -> None:
                                  "--gguf", args.gguf, "--model", args.control,
                                  "--ids", str(ids_file))
     ref = np.array(arms["llama.cpp"]["argmax"])
+    margin = np.array(arms["llama.cpp"]["margin"])
     report: dict[str, object] = {"tokens": len(ids), "positions": len(ref),
                                  "same_tokenization_as_llama_cpp":
                                      arms["llama.cpp"]["same_tokenization"]}
     for name, arm in arms.items():
         logp = np.array(arm["logp"])
+        differ = np.array(arm["argmax"]) != ref
         report[name] = {
-            "top1_agreement_with_llama_cpp": float((np.array(arm["argmax"]) == ref).mean()),
+            "top1_agreement_with_llama_cpp": float(1 - differ.mean()),
+            # where they part: how close llama.cpp's own best two were (log-probability)
+            "llama_cpp_margin_where_they_differ": {
+                "median": float(np.median(margin[differ])) if differ.any() else None,
+                "max": float(margin[differ].max()) if differ.any() else None,
+                "share_under_0.5": float((margin[differ] < 0.5).mean()) if differ.any()
+                else None},
             "perplexity": float(np.exp(-logp.mean())),
             "seconds": round(float(arm["seconds"]), 2)}  # type: ignore[arg-type]
     base = report["llama.cpp"]["perplexity"]  # type: ignore[index]
