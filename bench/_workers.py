@@ -48,10 +48,11 @@ def proc_status_mib() -> dict[str, float]:
 
 
 def engine_fingerprint() -> str:
-    """Hash of engine/*.py: the engine may change between runs of a long benchmark."""
+    """Hash of engine/**/*.py: the engine may change between runs of a long benchmark."""
     digest = hashlib.sha256()
-    for path in sorted((Path(__file__).resolve().parents[1] / "engine").glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+    root = Path(__file__).resolve().parents[1] / "engine"
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
 

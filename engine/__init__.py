@@ -32,6 +32,7 @@ from engine.model.folders import (
     find_model_dirs,
     folder_size,
     human_size,
+    import_work_dir,
     inspect_folder,
     is_model_dir,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "find_model_dirs",
     "folder_size",
     "human_size",
+    "import_work_dir",
     "inspect_folder",
     "installed_ort_variants",
     "is_model_dir",

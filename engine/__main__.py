@@ -1,4 +1,4 @@
-"""Command line: `python -m engine generate | inspect | serve`."""
+"""Command line: `python -m engine generate | inspect | serve | import-gguf`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,23 @@ def _build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true",
                      help="print the whole report as JSON (default: a readable summary)")
 
+    imp = sub.add_parser("import-gguf", help="convert a GGUF file into a model folder",
+                         description="Convert a GGUF model file (llama, mistral, qwen2, qwen3) "
+                         "into an ONNX model folder this engine and onnxruntime-genai load. "
+                         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights are kept "
+                         "bit for bit; other types are re-quantized (gguf_import.json in the "
+                         "folder says which).")
+    imp.add_argument("gguf", metavar="FILE.gguf", help="the GGUF file to convert")
+    imp.add_argument("out_dir", metavar="OUT_DIR",
+                     help="the model folder to write (must not exist yet, or be empty)")
+    imp.add_argument("--precision", choices=("auto", "int4", "int8", "fp16", "fp32"),
+                     default="auto",
+                     help="weights: auto keeps the quantized types above and float tensors as "
+                     "they are and re-quantizes others to int4; int4/int8 store every "
+                     "projection in 4/8 bits; fp16/fp32 dequantize (default auto)")
+    imp.add_argument("--quiet", action="store_true", help="no progress lines (default: print "
+                     "them to stderr)")
+
     from engine.server.cli import add_arguments
 
     srv = sub.add_parser("serve", help="run the local worker (OpenAI, llama.cpp and Ollama "
@@ -174,6 +191,20 @@ def _inspect(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(summary(report))
+    return 0
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    from engine.model.gguf import Progress, import_gguf
+
+    def show(p: Progress) -> None:
+        if not args.quiet:
+            print(f"[{p.done}/{p.total}] {p.what}", file=sys.stderr, flush=True)
+
+    result = import_gguf(args.gguf, args.out_dir, precision=args.precision, progress=show)
+    print(f"{result.out_dir}: {result.architecture}, {_size(result.bytes)}, "
+          f"{result.lossless} weights kept bit for bit, {result.requantized} re-quantized or "
+          f"rounded, {result.seconds:.1f} s")
     return 0
 
 
@@ -255,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = _build_parser()
     args = parser.parse_args(argv)
-    commands = {"generate": _generate, "inspect": _inspect, "serve": _serve}
+    commands = {"generate": _generate, "inspect": _inspect, "serve": _serve,
+                "import-gguf": _import_gguf}
     try:
         return commands[args.command](args)
     except EngineError as exc:

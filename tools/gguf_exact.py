@@ -23,57 +23,17 @@ and every rebuilt block must equal its fp32 weight exactly, or the pass stops.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-BLOCK = 32
+# the block formats are the engine's (engine/model/gguf_blocks.py: GGUF import uses them)
+from engine.model.gguf_blocks import BLOCK, BlockWeight, NotExact, q4_1_blocks, q8_0_blocks
+from engine.model.gguf_blocks import pack4 as _pack4
 
-
-class NotExact(RuntimeError):
-    """A weight that is not a dequantized Q4_1 / Q8_0 tensor."""
-
-
-@dataclass(frozen=True)
-class Q41:
-    q: np.ndarray  # [N, blocks, 32] uint8 in 0..15
-    d: np.ndarray  # [N, blocks] float16
-    m: np.ndarray  # [N, blocks] float16
-
-
-def q4_1_blocks(w: np.ndarray, name: str) -> Q41:
-    """The Q4_1 blocks of a dequantized ``[N, K]`` weight (exact, or NotExact)."""
-    n, k = w.shape
-    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
-    lo, hi = b.min(-1), b.max(-1)
-    d = ((hi - lo) / 15).astype(np.float16)
-    d32 = d.astype(np.float32)[..., None]
-    q = np.clip(np.round((b - lo[..., None]) / np.where(d32 == 0, 1, d32)), 0, 15)
-    m = lo.astype(np.float16)
-    if not np.array_equal(d32 * q + m.astype(np.float32)[..., None], b):
-        raise NotExact(f"{name} is not a dequantized Q4_1 tensor")
-    return Q41(q.astype(np.uint8), d, m)
-
-
-def q8_0_blocks(w: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """The Q8_0 codes (as uint8, offset 128: MatMulNBits' and GatherBlockQuantized's
-    default zero point) and fp16 scales of a dequantized ``[N, K]`` weight."""
-    n, k = w.shape
-    b = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
-    d = (np.abs(b).max(-1) / 127).astype(np.float16)
-    d32 = d.astype(np.float32)[..., None]
-    q = np.clip(np.round(b / np.where(d32 == 0, 1, d32)), -127, 127)
-    if not np.array_equal(d32 * q, b):
-        raise NotExact(f"{name} is not a dequantized Q8_0 tensor")
-    return (q + 128).astype(np.uint8).reshape(n, k), d
-
-
-def _pack4(q: np.ndarray) -> np.ndarray:
-    """``[N, blocks, 32]`` 4-bit codes as MatMulNBits stores them: two a byte, low first."""
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+__all__ = ["NotExact", "make_exact", "q4_1_blocks", "q8_0_blocks"]
 
 
 #: builder initializer stem -> the Hugging Face weights it holds, concatenated along N
@@ -131,7 +91,7 @@ class _Graph:
         return self.sums[key]
 
 
-def _repack_layer(g: _Graph, node: onnx.NodeProto, blocks: Q41) -> list[onnx.NodeProto]:
+def _repack_layer(g: _Graph, node: onnx.NodeProto, blocks: BlockWeight) -> list[onnx.NodeProto]:
     """Nodes to run before ``node`` (sums, casts) and after it (the m term, the Add).
 
     ``node`` keeps its default zero point of 8 (a zero-point input costs MatMulNBits about
@@ -141,11 +101,12 @@ def _repack_layer(g: _Graph, node: onnx.NodeProto, blocks: Q41) -> list[onnx.Nod
     """
     before: list[onnx.NodeProto] = []
     x, w_name, s_name = node.input[0], node.input[1], node.input[2]
-    nb = blocks.q.shape[1]
-    g.add_init(_pack4(blocks.q), w_name)
+    nb = blocks.codes.shape[1]
+    g.add_init(_pack4(blocks.codes), w_name)
     g.drop_init(s_name)
-    g.fp32_of_fp16(blocks.d, s_name, before)
-    m = g.fp32_of_fp16(blocks.m, w_name + "_m", before)
+    g.fp32_of_fp16(blocks.scales, s_name, before)
+    assert blocks.minimum is not None
+    m = g.fp32_of_fp16(blocks.minimum, w_name + "_m", before)
     eight = g.add_init(np.array(8.0, np.float32), "/exact/eight")
     tag = node.name + "/exact"
     before += [

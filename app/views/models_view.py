@@ -44,6 +44,7 @@ from app.library import (
 )
 from app.views.download_panel import DownloadPanel
 from app.views.gauge_bar import plural
+from app.views.gguf_panel import GGUFPanel
 from app.views.models_table import ModelsTable, named, resolved
 
 HIDDEN_KEY = "library/hidden"
@@ -129,6 +130,8 @@ class ModelsView(QWidget):
         self.scan_status = named(QLabel(""), "scan_status")
         self.download = DownloadPanel(self.ctx, self)
         self.download.downloaded.connect(self._on_downloaded)
+        self.gguf = GGUFPanel(self.ctx, self)  # Import GGUF…, and Ollama's / LM Studio's files
+        self.gguf.imported.connect(self._on_downloaded)
         folder_row = QHBoxLayout()
         for w in (self.add_folder_button, self.remove_folder_button, self.refresh_button):
             folder_row.addWidget(w)
@@ -148,6 +151,7 @@ class ModelsView(QWidget):
         layout.addLayout(model_row)
         layout.addWidget(split, 1)
         layout.addWidget(self.download)
+        layout.addWidget(self.gguf)
         self.table.itemSelectionChanged.connect(self._on_selection)
         self.roots.itemSelectionChanged.connect(self._update_buttons)
         self._update_buttons()

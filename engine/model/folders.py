@@ -73,6 +73,12 @@ def find_model_dirs(root: Path, max_depth: int = MAX_DEPTH, *, include_root: boo
         stack.extend((Path(e.path), depth + 1) for e in children)
 
 
+def import_work_dir(out_dir: Path) -> Path:
+    """Where an import into ``out_dir`` writes until it is complete: a hidden sibling, so a
+    library scan (hidden folders are skipped) never lists a half-written model."""
+    return out_dir.with_name(f".{out_dir.name}.importing")
+
+
 def folder_format(folder: Path) -> str:
     """"genai", "metadata", "optimum" or "convention" (names and shapes guessed)."""
     for marker, fmt in FORMATS:

@@ -36,7 +36,9 @@ def test_blocks_are_recovered_exactly_and_other_weights_are_refused() -> None:
     rng = np.random.default_rng(0)
     w = _q4_1(rng, N, K)
     b = q4_1_blocks(w, "w")
-    rebuilt = b.d.astype(np.float32)[..., None] * b.q + b.m.astype(np.float32)[..., None]
+    assert b.minimum is not None
+    rebuilt = (b.scales.astype(np.float32)[..., None] * b.codes
+               + b.minimum.astype(np.float32)[..., None])
     assert np.array_equal(rebuilt.reshape(N, K), w)
     codes, d = q8_0_blocks(_q8_0(rng, V, K), "e")
     assert codes.dtype == np.uint8 and d.dtype == np.float16
