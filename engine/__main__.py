@@ -113,6 +113,10 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="weights: auto keeps the quantized types above and float tensors as "
                      "they are and re-quantizes others to int4; int4/int8 store every "
                      "projection in 4/8 bits; fp16/fp32 dequantize (default auto)")
+    imp.add_argument("--compute", choices=("fp32", "int8"), default="fp32",
+                     help="how 4-bit projections multiply: fp32 (closest to llama.cpp's own "
+                     "results on the same file) or int8 (activations quantized, as the "
+                     "onnxruntime-genai builder's CPU exports) (default fp32)")
     imp.add_argument("--quiet", action="store_true", help="no progress lines (default: print "
                      "them to stderr)")
 
@@ -201,7 +205,8 @@ def _import_gguf(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{p.done}/{p.total}] {p.what}", file=sys.stderr, flush=True)
 
-    result = import_gguf(args.gguf, args.out_dir, precision=args.precision, progress=show)
+    result = import_gguf(args.gguf, args.out_dir, precision=args.precision,
+                         compute=args.compute, progress=show)
     print(f"{result.out_dir}: {result.architecture}, {_size(result.bytes)}, "
           f"{result.lossless} weights kept bit for bit, {result.requantized} re-quantized or "
           f"rounded, {result.seconds:.1f} s")

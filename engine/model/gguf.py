@@ -35,6 +35,7 @@ ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen
 #: architectures whose Q/K rows llama.cpp's converter permuted (for interleaved RoPE)
 _PERMUTED = ("llama", "mistral")
 METADATA_FILE = "gguf_import.json"
+COMPUTES = ("fp32", "int8")
 
 
 @dataclass(frozen=True)
@@ -246,11 +247,17 @@ def _genai_config(s: DecoderShape, vocab: GGUFVocab) -> dict[str, Any]:
 
 
 def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                precision: str = "auto", progress: Callable[[Progress], None] | None = None,
+                precision: str = "auto", compute: str = "fp32",
+                progress: Callable[[Progress], None] | None = None,
                 cancel: Callable[[], bool] | None = None) -> ImportResult:
     """Convert ``path`` into the model folder ``out_dir`` (which must not exist yet, or be
     empty). ``progress`` hears of every step; ``cancel`` returning True stops the import
-    (CancelledError) and leaves nothing behind."""
+    (CancelledError) and leaves nothing behind. ``compute``: "fp32" (4-bit projections
+    multiply in fp32, nearest to llama.cpp's own results) or "int8" (activations quantized
+    to 8 bits, as the onnxruntime-genai builder's CPU exports do)."""
+    if compute not in COMPUTES:
+        raise ModelLoadError(f"compute must be one of {', '.join(COMPUTES)}, got {compute!r}",
+                             hint="use --compute fp32")
     if precision not in PRECISIONS:
         raise ModelLoadError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"got {precision!r}", hint="use --precision auto")
@@ -283,7 +290,7 @@ def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *
         step("tokenizer")
         write_tokenizer(vocab, work, s.context)
         freqs = r.tensors.get("rope_freqs.weight")
-        graph = GraphBuilder(writer, s)
+        graph = GraphBuilder(writer, s, compute=compute)
         graph.build(
             embed=lambda: weights.linear(r.tensor("token_embd.weight")), tied=tied,
             layer=lambda i: _layer(r, weights, s, i),
@@ -298,7 +305,8 @@ def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *
             "source": {"file": src.name, "bytes": src.stat().st_size,
                        "name": r.field("general.name"), "license": r.field("general.license"),
                        "architecture": s.arch, "file_type": r.field("general.file_type")},
-            "precision": precision, "tied_embeddings": tied, "notes": vocab.notes,
+            "precision": precision, "compute": compute, "tied_embeddings": tied,
+            "notes": vocab.notes,
             "summary": {k: v for k, v in summary.items() if k != "requantized_tensors"},
             "tensors": weights.log.tensors,
         }

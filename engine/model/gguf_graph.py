@@ -79,9 +79,13 @@ class LayerWeights:
 class GraphBuilder:
     """Builds the decoder into an :class:`OnnxWriter`, one layer at a time."""
 
-    def __init__(self, g: OnnxWriter, shape: DecoderShape) -> None:
+    def __init__(self, g: OnnxWriter, shape: DecoderShape, *, compute: str = "fp32") -> None:
         self.g = g
         self.s = shape
+        #: MatMulNBits' accuracy level for 4-bit weights: 0 computes in fp32 (what the GGUF's
+        #: own fp32 forward pass gives), 4 quantizes activations to int8. 8-bit weights keep 4
+        #: (ONNX Runtime's fp32 path for them is many times slower).
+        self._int4_accuracy = 0 if compute == "fp32" else 4
         self._sums: dict[tuple[str, int], str] = {}
         self._tied = Tied(0, (shape.vocab, shape.hidden))
 
@@ -150,7 +154,8 @@ class GraphBuilder:
             inits = self._block_inits(w, f"{stem}.MatMul")
         data, scales, offsets = inits
         y = self.g.op("MatMulNBits", x, data, scales, domain=MS_DOMAIN, K=k, N=n, bits=w.bits,
-                      block_size=w.block, accuracy_level=4, name=f"{stem}/MatMul_Q{w.bits}",
+                      block_size=w.block, name=f"{stem}/MatMul_Q{w.bits}",
+                      accuracy_level=self._int4_accuracy if w.bits == 4 else 4,
                       out=None if offsets else out)
         if offsets is None:
             return y

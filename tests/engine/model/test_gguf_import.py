@@ -295,3 +295,19 @@ def test_import_needs_no_onnx_package(gguf_dir, tok_dir, tmp_path):
     gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
     assert gqa.domain == "com.microsoft"
     assert {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}["num_heads"] == 4
+
+
+def test_four_bit_weights_compute_in_fp32_unless_int8_is_asked(gguf_dir, tok_dir, tmp_path):
+    """The default keeps the GGUF's own fp32 arithmetic for 4-bit weights (closest to
+    llama.cpp's results: bench/gguf_import.md); ``compute="int8"`` quantizes activations as
+    the onnxruntime-genai builder's CPU exports do, and the logits move off the GGUF's."""
+    gguf = _gguf(gguf_dir, tok_dir, "llama-Q4_0")
+    ref = reference_logits(str(gguf), IDS)
+    scale = np.abs(ref).max()
+    default = import_gguf(gguf, tmp_path / "fp32").out_dir
+    int8 = import_gguf(gguf, tmp_path / "int8", compute="int8").out_dir
+    assert json.loads((default / "gguf_import.json").read_text())["compute"] == "fp32"
+    assert np.abs(_logits(default, IDS) - ref).max() < 1e-4 * scale
+    assert np.abs(_logits(int8, IDS) - ref).max() > 1e-3 * scale
+    with pytest.raises(ModelLoadError, match="compute"):
+        import_gguf(gguf, tmp_path / "bad", compute="int3")
