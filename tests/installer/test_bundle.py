@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from engine.model.default_model import DEFAULT_MODEL_NAME
 from installer import bundle_config as cfg
@@ -143,6 +144,24 @@ def test_worker_mode_runs_the_engine_cli(bundle: Path, model_args: list[str]) ->
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()
+
+
+def test_the_packaged_app_imports_a_gguf_file(bundle: Path, tmp_path: Path) -> None:
+    """Models → Import GGUF runs ``<exe> --worker import-gguf`` (app/gguf_sources.py): the
+    bundle carries the gguf reader and writes a folder its own worker can inspect."""
+    from tests.engine.model.gguf_forge import TinySpec, tokenizer_source, write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", TinySpec("llama", GGMLQuantizationType.Q4_0),
+                      tokenizer_source(tmp_path))
+    out = tmp_path / "imported"
+    done = subprocess.run([str(CLI_EXE), "--worker", "import-gguf", str(gguf), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "genai_config.json").is_file()
+    shown = subprocess.run([str(CLI_EXE), "--worker", "inspect", str(out), "--json"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout)["format"] == "genai"
 
 
 def test_bundle_is_lean(bundle: Path) -> None:
