@@ -74,7 +74,10 @@ def test_advice_on_this_process_backs_a_large_buffer_with_huge_pages() -> None:
         return
     assert report.skipped is None
     assert report.regions >= 1 and report.advised_bytes >= 60 * MIB
-    if report.collapsed_regions:  # MADV_COLLAPSE (Linux 6.1+) worked: it is resident now
+    if report.collapsed_regions == report.regions:
+        # MADV_COLLAPSE (Linux 6.1+) worked on every region, this buffer's too: resident on
+        # huge pages now. (On a loaded machine the kernel may find no free huge page for
+        # some region; that region is then only marked for khugepaged.)
         assert anon_huge_bytes() >= before + 60 * MIB
     assert bytes(buffer[:: 4096]) == b"x" * len(buffer[:: 4096])  # contents untouched
     assert report.as_dict()["advised_mib"] == round(report.advised_bytes / MIB, 1)
