@@ -24,7 +24,7 @@ Workloads (bench/README.md, "Peers", explains each number):
   og: ``Generator.rewind_to``; llama.cpp: its same-context prompt cache).
 - ``streams``: 4 concurrent greedy streams vs one (ours: the scheduler's batched step;
   og: a batch of 4 in one generator; llama.cpp: its server, which serves one at a time).
-- ``spec``: prompt lookup on an edit of a held-out function (``SPEC_SOURCES``, none in any
+- ``spec``: prompt lookup on an edit of a held-out function (``SPEC_ITEM``, none in any
   training set we know of: tests/bench/test_peers.py checks the split) and on a prompt
   with nothing to copy (the "no gain" case); ours plain / lookup, og, llama.cpp plain /
   with ``LlamaPromptLookupDecoding``.
@@ -53,6 +53,7 @@ if str(REPO) not in sys.path:
 
 from bench import _workers  # noqa: E402
 from bench._fresh import run_worker  # noqa: E402
+from bench.speculative import EDIT_SOURCES  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 MODEL = REPO / "resources" / "models" / "smollm2-135m-instruct"
@@ -63,11 +64,11 @@ ENGINES = ("ours", "og", "llama")
 WORKLOADS = ("decode", "first", "fim", "streams", "spec")
 FIRST_ARMS = ("first", "first-race", "first-4k", "first-og")
 SPEC_ARMS = ("plain", "plain2", "lookup", "og", "llama", "llama-lookup")
-#: Functions for the edit task: this repository's own code (written after the built-in
-#: model's pre-training data was collected, and never in our training corpora, which are
-#: the standard library) and standard-library functions of held-out files.
-SPEC_SOURCES = (("bench._workers", "run_og"), ("json.encoder", "JSONEncoder.iterencode"),
-                ("gzip", "GzipFile._write_gzip_header"))
+#: The edit task's functions (bench.speculative's held-out list); the built-in model gets
+#: SPEC_ITEM, this repository's own code (written after SmolLM2's pre-training data was
+#: collected, so in no training set; held-out stdlib files may be in SmolLM2's).
+SPEC_SOURCES = EDIT_SOURCES
+SPEC_ITEM = ("bench._workers", "run_og")
 PROMPT_SEED = 2121
 FIM_EDITS = 10
 FIM_NEW = 16
@@ -157,12 +158,12 @@ def prepare(model: Path, out: Path, prompt_lens: list[int], new_tokens: int,
     tok = Tokenizer.from_dir(model)
     vocab = _workers.model_vocab(model)
     spec: dict[str, Any] = {}
-    source = spec_source(*SPEC_SOURCES[0])[1]
+    source = spec_source(*SPEC_ITEM)[1]
     prompt, expected = edit_texts(source)
     answer = tok.encode(expected, parse_special=False)
     spec["edit"] = {"ids": tok.encode(prompt, parse_special=False),
                     "n": min(new_tokens, len(answer)),
-                    "expected": answer, "source": ".".join(SPEC_SOURCES[0])}
+                    "expected": answer, "source": ".".join(SPEC_ITEM)}
     spec["novel"] = {"ids": tok.encode(NOVEL_PROMPT, parse_special=False), "n": new_tokens,
                      "expected": []}
     fim = fim_prompts(tok, edits, file_tokens)
@@ -289,6 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         proc.start()
     runs: list[dict[str, Any]] = []
     started = time.time()
+    name = f"peers-busy{args.busy}" if args.busy else "peers"
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save(summary: dict[str, Any] | None) -> None:  # after every job: a cut run keeps
+        (args.out / f"{name}.json").write_text(json.dumps(
+            {"summary": summary, "machine": machine, "runs": runs, "rounds": args.rounds,
+             "seconds": time.time() - started, "busy": args.busy, "quick": args.quick,
+             "workloads": workloads, "prompt_lens": lens}, indent=1))
+
     try:
         machine = {**run_worker("bench.peers", "--bandwidth"),
                    **weight_bytes(args.model, gguf), "cpus": os.cpu_count()}
@@ -298,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 load = os.getloadavg()
                 result = run_job(job, common)
                 runs.append({**job, "round": rnd, "loadavg": load, **result})
+                save(None)
                 print(f"round {rnd} {json.dumps(job)}: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in result.items() if isinstance(v, float)),
                     flush=True)
@@ -306,17 +317,21 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
     from bench._peer_report import report
 
-    summary = report(runs, machine, workloads, lens)
-    name = f"peers-busy{args.busy}" if args.busy else "peers"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(
-        {"summary": summary, "machine": machine, "runs": runs, "rounds": args.rounds,
-         "seconds": time.time() - started, "busy": args.busy, "quick": args.quick},
-        indent=1))
+    save(report(runs, machine, workloads, lens))
     return 0
 
 
+def report_file(path: Path) -> int:
+    """The tables of a saved (possibly cut) run: `python -m bench.peers --report FILE`."""
+    from bench._peer_report import report
+
+    saved = json.loads(path.read_text())
+    report(saved["runs"], saved["machine"], saved["workloads"], saved["prompt_lens"])
+    return 0
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--report"]:
+        raise SystemExit(report_file(Path(sys.argv[2])))
     if sys.argv[1:] == ["--bandwidth"]:
         print(json.dumps({**memcpy_bandwidth(),
                           "ort_2t_read_gb_s": _workers.run_bandwidth(2)["gb_s"]}))
