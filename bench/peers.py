@@ -17,8 +17,9 @@ Workloads (bench/README.md, "Peers", explains each number):
   decode and prefill tok/s, the first request's TTFT (the warm-up), peak RSS, and the CPU
   the loaded engine burns in the 2 s after a request (idle CPU).
 - ``first``: the first request right after a load (512-token prompt, 32 tokens), no
-  warm-up: ours as shipped, ours with the huge-page collapse racing the request (the
-  engine before it paused for requests), ours without huge pages, onnxruntime-genai.
+  warm-up: ours as shipped, ours with the huge-page collapse started at once beside the
+  request (the engine before it waited for a quiet moment), ours without huge pages,
+  onnxruntime-genai.
 - ``fim``: a 2,000-token file, a completion, then one character typed and a completion
   again, 10 times: TTFT and the prompt tokens each engine recomputes (ours: prefix reuse;
   og: ``Generator.rewind_to``; llama.cpp: its same-context prompt cache).
@@ -321,17 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report_file(path: Path) -> int:
-    """The tables of a saved (possibly cut) run: `python -m bench.peers --report FILE`."""
+def report_file(paths: list[Path]) -> int:
+    """The tables of saved (possibly cut) runs, pooled: `--report FILE [FILE...]` (runs of
+    the same settings; the machine figures are the first file's)."""
     from bench._peer_report import report
 
-    saved = json.loads(path.read_text())
-    report(saved["runs"], saved["machine"], saved["workloads"], saved["prompt_lens"])
+    saved = [json.loads(path.read_text()) for path in paths]
+    runs = [run for s in saved for run in s["runs"]]
+    report(runs, saved[0]["machine"], saved[0]["workloads"], saved[0]["prompt_lens"])
     return 0
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--report"]:
-        raise SystemExit(report_file(Path(sys.argv[2])))
+        raise SystemExit(report_file([Path(a) for a in sys.argv[2:]]))
     if sys.argv[1:] == ["--bandwidth"]:
         print(json.dumps({**memcpy_bandwidth(),
                           "ort_2t_read_gb_s": _workers.run_bandwidth(2)["gb_s"]}))

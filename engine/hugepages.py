@@ -130,6 +130,8 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
         return HugePageReport(mode=mode, skipped="transparent huge pages are off (never)")
     if mode == "unknown":
         return HugePageReport(mode=mode, skipped="no transparent huge page support")
+    if pause is not None:
+        pause()  # (reading smaps walks every page table too)
     began = time.perf_counter()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -162,24 +164,29 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
 
 
 class BackgroundAdvice:
-    """:func:`advise_huge_pages` on a daemon thread, started at once: the engine serves
-    while the kernel copies the weights into huge pages.
+    """:func:`advise_huge_pages` on a daemon thread, once the engine is quiet: the engine
+    serves at once while the kernel copies the weights into huge pages later.
 
-    The engine calls :meth:`begin` and :meth:`end` around each request; the collapse
-    waits between slices while one runs. On two cores the copying thread took a core
-    from ONNX Runtime's two threads and its page-table locks stalled their page faults,
-    so the first request after a load (an app's first answer) ran slow; now it runs at
-    once and the collapse finishes in the next idle moment. It never waits more than
-    ``patience_s`` in all (a request left open cannot keep the pages small forever).
+    The collapse starts when the first request ends, after ``delay_s`` with none, or
+    when someone waits for it (:meth:`wait`); the engine calls :meth:`begin` and
+    :meth:`end` around each request and the collapse waits between slices while one
+    runs. Started at once after the load, on two cores, it made the first request after
+    a load (an app's first answer) slower than with no huge pages at all (bench.peers,
+    "first"); now that request runs as if there were none. It never waits more than
+    ``patience_s`` in all for requests to end (one left open cannot keep the pages small
+    forever).
     """
 
-    def __init__(self, patience_s: float = 60.0) -> None:
+    def __init__(self, delay_s: float = 2.0, patience_s: float = 60.0) -> None:
         self.report: HugePageReport | None = None  # None until done
         self._busy = 0
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
-        self._deadline = time.monotonic() + patience_s
+        self._go = threading.Event()
+        self._delay = delay_s
+        self._patience = patience_s
+        self._deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="hugepages", daemon=True)
         self._thread.start()
 
@@ -194,14 +201,22 @@ class BackgroundAdvice:
             self._busy = max(0, self._busy - 1)
             if not self._busy:
                 self._idle.set()
+        self._go.set()
+
+    def start_now(self) -> None:
+        """Start the collapse without waiting for a quiet moment."""
+        self._go.set()
 
     def _pause(self) -> None:
         self._idle.wait(max(0.0, self._deadline - time.monotonic()))
 
     def _run(self) -> None:
+        self._go.wait(self._delay)
+        self._deadline = time.monotonic() + self._patience
         self.report = advise_huge_pages(pause=self._pause)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True when done (within ``timeout`` seconds)."""
+        """Start it now and return True when done (within ``timeout`` seconds)."""
+        self._go.set()
         self._thread.join(timeout)
         return not self._thread.is_alive()
