@@ -14,6 +14,7 @@ from engine import Engine, EngineConfig
 from engine.hugepages import (
     HUGE_PAGE,
     SLICE,
+    BackgroundAdvice,
     advise_huge_pages,
     anon_huge_bytes,
     anonymous_regions,
@@ -127,3 +128,14 @@ def test_the_collapse_waits_between_slices_while_a_request_runs() -> None:
     assert reports and reports[0].regions >= 1
     assert len(slices) >= 60 * MIB // SLICE  # one pause per slice of the 64 MiB buffer
     assert bytes(buffer[:: 4096]) == b"x" * len(buffer[:: 4096])
+
+
+def test_the_collapse_starts_when_the_first_request_ends_or_when_waited_for() -> None:
+    # Left alone it would wait an hour for a quiet moment; a request's end starts it.
+    after_request = BackgroundAdvice(delay_s=3600)
+    after_request.begin()
+    after_request.end()
+    after_request._thread.join(30)
+    assert after_request.report is not None
+    waited = BackgroundAdvice(delay_s=3600)
+    assert waited.wait(30) and waited.report is not None
