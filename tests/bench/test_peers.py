@@ -29,23 +29,26 @@ def test_the_split_check_catches_a_trained_on_function(monkeypatch: pytest.Monke
 
 def test_harness_runs_each_workload_on_a_forged_model(tmp_path: Path) -> None:
     model = write_genai_model(tmp_path / "model", ForgeSpec(context=4096))
-    prompts = peers.prepare(model, tmp_path / "out", [16], 8, edits=2, file_tokens=120)
+    prompts = peers.prepare(model, tmp_path / "out", [8, 16], 8, edits=2, file_tokens=120)
     common: dict[str, object] = {"model": str(model), "gguf": "", "threads": 1,
                                  "new_tokens": 8, "idle_s": 0.2, "prompts": str(prompts)}
-    arms = {"ours", "og", "plain", "lookup"}
+    arms = {"ours", "og", "plain", "lookup", *peers.FIRST_ARMS}
     runs = []
-    for job in peers.jobs_for(list(peers.WORKLOADS), [16]):
+    for job in peers.jobs_for(list(peers.WORKLOADS), [8, 16]):
         if job["arm"] in arms:
             runs.append({**job, "round": 0, "loadavg": [0.0],
                          **peers.run_job(job, common)})
     machine = {"onnx_per_token": 1, "gguf": 1, "memcpy_read_gb_s": 1.0,
                "ort_2t_read_gb_s": 1.0}
-    summary = report(runs, machine, list(peers.WORKLOADS), [16])
+    summary = report(runs, machine, list(peers.WORKLOADS), [8, 16])
     json.dumps(summary)  # it is written as JSON
 
     decode = summary["decode"]["16"]
     assert decode["ours"]["decode_tok_s"] > 0 and decode["og"]["decode_tok_s"] > 0
     assert decode["decode_tok_s_ours/og"] > 0
+    # the first request after a load: shipped, collapse at once, 4 KiB pages, og
+    assert set(summary["first"]) == set(peers.FIRST_ARMS)
+    assert all(row["ttft_ms"] > 0 for row in summary["first"].values())
     # after a one-character edit near the end, both engines recompute only the tail
     fim = summary["fim"]
     data = json.loads(prompts.read_text())
