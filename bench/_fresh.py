@@ -12,10 +12,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_worker(module: str, *args: str, timeout: float = 1800) -> dict[str, Any]:
-    """`python -m MODULE ARGS...` from the repository root; its last `{...}` stdout line."""
+def run_worker(module: str, *args: str, timeout: float = 1800,
+               python: str | None = None) -> dict[str, Any]:
+    """`python -m MODULE ARGS...` from the repository root; its last `{...}` stdout line.
+    `python` is another interpreter (a peer's own venv); this one by default."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+    proc = subprocess.run([python or sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:

@@ -47,6 +47,17 @@ def proc_status_mib() -> dict[str, float]:
     return out
 
 
+def idle_cpu(seconds: float) -> float:
+    """CPU seconds per second this process burns while it waits after a request (spinning
+    threads, timers); 0.0 when `seconds` is 0."""
+    if seconds <= 0:
+        return 0.0
+    before = os.times()
+    time.sleep(seconds)
+    after = os.times()
+    return (after.user + after.system - before.user - before.system) / seconds
+
+
 def engine_fingerprint() -> str:
     """Hash of engine/**/*.py: the engine may change between runs of a long benchmark."""
     digest = hashlib.sha256()
@@ -62,7 +73,7 @@ def model_vocab(model: Path) -> int:
 
 def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
              threads: int, spin: bool, speculative_mode: str = "none",
-             huge_pages: bool = True) -> dict[str, Any]:
+             huge_pages: bool = True, idle_s: float = 0.0) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
     # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` never
@@ -85,16 +96,18 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
                                speculative_mode=speculative_mode)
         return eng.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
 
-    generate(warmup, WARMUP_NEW)
+    first_ttft_ms = generate(warmup, WARMUP_NEW).timings.ttft_ms  # the first request
     t0 = time.perf_counter()
     res = generate(prompt, new_tokens)
     wall_ms = (time.perf_counter() - t0) * 1e3
+    idle = idle_cpu(idle_s)
     t = res.timings
     return {"ttft_ms": t.ttft_ms, "prefill_tok_s": t.prefill_tok_s,
             "decode_tok_s": t.decode_tok_s, "wall_ms": wall_ms, "load_ms": load_ms,
             "decode_path": eng.decode_path, "engine": engine_fingerprint(),
             "engine_config": repr(eng.config), "huge_pages": eng.describe()["huge_pages"],
-            "huge_pages_wait_ms": huge_pages_wait_ms,
+            "huge_pages_wait_ms": huge_pages_wait_ms, "first_ttft_ms": first_ttft_ms,
+            "idle_cpu": idle,
             "prefix_cache_hit_len": getattr(res, "prefix_cache_hit_len", 0),
             "speculation": res.speculation.as_dict() if res.speculation else None,
             **{f"live_{k}": v for k, v in proc_status_mib().items()},
@@ -102,7 +115,7 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
 
 
 def run_og(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
-           threads: int) -> dict[str, Any]:
+           threads: int, idle_s: float = 0.0) -> dict[str, Any]:
     import onnxruntime_genai as og
 
     t0 = time.perf_counter()
@@ -139,9 +152,11 @@ def run_og(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
                 "og_append_ms": (prefilled - created) * 1e3,
                 "og_first_pick_ms": (first - prefilled) * 1e3, "tokens": tokens}
 
-    generate(warmup, WARMUP_NEW)
+    first_ttft_ms = generate(warmup, WARMUP_NEW)["ttft_ms"]  # the first request
     out = generate(prompt, new_tokens)
+    out["idle_cpu"] = idle_cpu(idle_s)
     out["load_ms"] = load_ms
+    out["first_ttft_ms"] = first_ttft_ms
     out.update({f"live_{k}": v for k, v in proc_status_mib().items()})
     return out
 

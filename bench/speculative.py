@@ -1,6 +1,6 @@
 """Speculative decoding: prompt lookup vs plain greedy vs onnxruntime-genai, on an edit task.
 
-The edit task: a ~60-line stdlib Python function, then "the same function, with one name
+The edit task: a held-out Python function (EDIT_SOURCES), then "the same function, with one name
 changed" and its edited first line; the model writes the rest, which is mostly a copy of
 the prompt. The no-overlap task: a short prompt whose answer shares nothing with it.
 Arms (each in a fresh process, order rotated every round): `plain` (our engine, greedy),
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import json
 import os
@@ -38,10 +39,16 @@ OUT = REPO / "bench" / "out"
 ARMS = ("plain", "lookup", "og")
 TASKS = ("edit", "novel")
 #: The edit task's function: the longest of these whose prompt and rewrite fit the context.
-EDIT_SOURCES = (("argparse", "ArgumentParser._parse_optional"),  # 57 lines
-                ("textwrap", "dedent"),  # 49 lines
-                ("argparse", "HelpFormatter._format_action_invocation"),  # 23 lines
-                ("argparse", "_ActionsContainer._add_action"))  # 20 lines
+#: None is in a training set we know of (tests/bench/test_peers.py checks it): standard-
+#: library functions of files the default model's corpus holds out (its edit-tuning draws
+#: functions from the train files only; an earlier list had argparse functions, which are
+#: train files, and measured a rewrite the tuned model had learnt), and this repository's
+#: own code, written after SmolLM2's pre-training data was collected.
+EDIT_SOURCES = (("json.encoder", "JSONEncoder.iterencode"),  # 54 lines
+                ("ipaddress", "summarize_address_range"),  # 53 lines
+                ("bench._workers", "run_og"),  # 45 lines
+                ("gzip", "GzipFile._write_gzip_header"),  # 31 lines
+                ("ftplib", "FTP.retrbinary"))  # 25 lines
 NOVEL_PROMPT = "# Return the n-th Fibonacci number, iteratively.\ndef fibonacci(n):\n"
 AGREEMENT_MODULES = ("argparse", "textwrap", "shlex", "fractions", "difflib", "calendar",
                      "configparser", "csv", "pprint", "ipaddress", "statistics", "string")
@@ -49,7 +56,7 @@ TARGETS = {"edit_vs_plain": 2.0, "edit_vs_og": 2.0, "novel_vs_plain": 0.95}
 
 
 def _function_source(module: str, qualname: str) -> str:
-    obj: Any = __import__(module)
+    obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return textwrap.dedent(inspect.getsource(obj))

@@ -293,6 +293,8 @@ class Engine:
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started)
         self._report_kv()  # the runner reserved its KV: the budget sees it now
+        if self._huge_pages is not None:  # the collapse pauses while requests run
+            self._huge_pages.begin()
         return run
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
@@ -306,6 +308,7 @@ class Engine:
             raise
         except BaseException:
             run.runner.reset()
+            self.run_ended()
             raise
         self.end_run(run, session)
         yield from run.closing_events()
@@ -333,8 +336,14 @@ class Engine:
 
     # --- KV reuse ---------------------------------------------------------------------
 
+    def run_ended(self) -> None:
+        """A request left the engine (done or failed): the huge-page collapse may go on."""
+        if self._huge_pages is not None:
+            self._huge_pages.end()
+
     def end_run(self, run: RequestRun, session: Session | None) -> None:
         """Save a session's new KV and history, index full pages, store chunks."""
+        self.run_ended()
         self.reuse.finish(run, session)
         self._report_kv()
         self.reuse.store(run.runner)

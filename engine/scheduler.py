@@ -207,6 +207,8 @@ class Scheduler:
         if ticket.done:
             return
         ticket.done = True
+        if ticket.run is not None:
+            self.engine.run_ended()
         index = next((i for i, t in self.active.items() if t is ticket), None)
         if index is not None:
             del self.active[index]

@@ -22,6 +22,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,14 +109,20 @@ def anon_huge_bytes() -> int:
     return 0
 
 
-def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
-                      min_resident: float = 0.75) -> HugePageReport:
+#: The collapse works in slices of this many bytes, so a request that starts meanwhile
+#: waits for at most one slice (a few ms), not for a whole region.
+SLICE = 4 * HUGE_PAGE
+
+
+def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.75,
+                      pause: Callable[[], None] | None = None) -> HugePageReport:
     """Move this process's large anonymous regions onto huge pages now (``MADV_COLLAPSE``);
     where the kernel cannot (before Linux 6.1, or no free huge page), mark them
     ``MADV_HUGEPAGE`` so ``khugepaged`` does it later. Regions that collapse keep their
     flags: memory ONNX Runtime maps there later still faults in 4 KiB pages (measured: the
     same decode gain as marking them too). Never raises: a kernel or platform that cannot
-    do it gets a report saying so."""
+    do it gets a report saying so. ``pause`` is called before each slice (``SLICE``): it
+    may block while the engine is busy."""
     if not sys.platform.startswith("linux"):
         return HugePageReport(mode="unknown", skipped="not Linux")
     mode = thp_mode()
@@ -123,6 +130,8 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
         return HugePageReport(mode=mode, skipped="transparent huge pages are off (never)")
     if mode == "unknown":
         return HugePageReport(mode=mode, skipped="no transparent huge page support")
+    if pause is not None:
+        pause()  # (reading smaps walks every page table too)
     began = time.perf_counter()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -135,7 +144,12 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
     before = anon_huge_bytes()
     regions = advised = collapsed = 0
     for start, length in anonymous_regions(maps, min_bytes, min_resident):
-        if madvise(start, length, MADV_COLLAPSE) == 0:
+        done = True
+        for lo in range(start, start + length, SLICE):
+            if pause is not None:
+                pause()
+            done = madvise(lo, min(SLICE, start + length - lo), MADV_COLLAPSE) == 0 and done
+        if done:
             collapsed += 1
         elif madvise(start, length, MADV_HUGEPAGE) != 0:
             continue  # unmapped meanwhile, or refused: leave it
@@ -150,18 +164,59 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024,
 
 
 class BackgroundAdvice:
-    """:func:`advise_huge_pages` on a daemon thread, started at once: the engine serves
-    while the kernel copies the weights into huge pages."""
+    """:func:`advise_huge_pages` on a daemon thread, once the engine is quiet: the engine
+    serves at once while the kernel copies the weights into huge pages later.
 
-    def __init__(self) -> None:
+    The collapse starts when the first request ends, after ``delay_s`` with none, or
+    when someone waits for it (:meth:`wait`); the engine calls :meth:`begin` and
+    :meth:`end` around each request and the collapse waits between slices while one
+    runs. Started at once after the load, on two cores, it made the first request after
+    a load (an app's first answer) slower than with no huge pages at all (bench.peers,
+    "first"); now that request runs as if there were none. It never waits more than
+    ``patience_s`` in all for requests to end (one left open cannot keep the pages small
+    forever).
+    """
+
+    def __init__(self, delay_s: float = 2.0, patience_s: float = 60.0) -> None:
         self.report: HugePageReport | None = None  # None until done
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._go = threading.Event()
+        self._delay = delay_s
+        self._patience = patience_s
+        self._deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="hugepages", daemon=True)
         self._thread.start()
 
+    def begin(self) -> None:
+        """A request starts: the collapse pauses after its current slice."""
+        with self._lock:
+            self._busy += 1
+            self._idle.clear()
+
+    def end(self) -> None:
+        with self._lock:
+            self._busy = max(0, self._busy - 1)
+            if not self._busy:
+                self._idle.set()
+        self._go.set()
+
+    def start_now(self) -> None:
+        """Start the collapse without waiting for a quiet moment."""
+        self._go.set()
+
+    def _pause(self) -> None:
+        self._idle.wait(max(0.0, self._deadline - time.monotonic()))
+
     def _run(self) -> None:
-        self.report = advise_huge_pages()
+        self._go.wait(self._delay)
+        self._deadline = time.monotonic() + self._patience
+        self.report = advise_huge_pages(pause=self._pause)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True when done (within ``timeout`` seconds)."""
+        """Start it now and return True when done (within ``timeout`` seconds)."""
+        self._go.set()
         self._thread.join(timeout)
         return not self._thread.is_alive()

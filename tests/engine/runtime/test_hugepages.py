@@ -4,6 +4,8 @@ and the advice on this process (a real madvise on real memory)."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from engine import Engine, EngineConfig
 from engine.runtime.hugepages import (
     HUGE_PAGE,
+    SLICE,
+    BackgroundAdvice,
     advise_huge_pages,
     anon_huge_bytes,
     anonymous_regions,
@@ -98,3 +102,43 @@ def test_the_engine_reports_what_it_did_and_can_be_told_not_to(genai_model_dir: 
         assert off.describe()["huge_pages"] is None and off.huge_pages is None
     finally:
         off.close()
+
+
+def test_the_collapse_waits_between_slices_while_a_request_runs() -> None:
+    # The engine pauses the background collapse while a request runs (a first request
+    # right after a load would share two cores with the kernel's copying otherwise).
+    if thp_mode() in ("never", "unknown"):
+        pytest.skip("no transparent huge pages on this kernel")
+    buffer = bytearray(64 * MIB)
+    buffer[:: 4096] = b"x" * len(buffer[:: 4096])
+    gate, reached = threading.Event(), threading.Event()
+    slices = []
+
+    def pause() -> None:
+        slices.append(1)
+        reached.set()
+        gate.wait(30)
+
+    reports = []
+    worker = threading.Thread(target=lambda: reports.append(
+        advise_huge_pages(min_bytes=32 * MIB, pause=pause)))
+    worker.start()
+    assert reached.wait(30)
+    time.sleep(0.2)  # (it would go on, were it not waiting)
+    assert slices == [1] and not reports  # stopped before its first slice
+    gate.set()
+    worker.join(30)
+    assert reports and reports[0].regions >= 1
+    assert len(slices) >= 60 * MIB // SLICE  # one pause per slice of the 64 MiB buffer
+    assert bytes(buffer[:: 4096]) == b"x" * len(buffer[:: 4096])
+
+
+def test_the_collapse_starts_when_the_first_request_ends_or_when_waited_for() -> None:
+    # Left alone it would wait an hour for a quiet moment; a request's end starts it.
+    after_request = BackgroundAdvice(delay_s=3600)
+    after_request.begin()
+    after_request.end()
+    after_request._thread.join(30)
+    assert after_request.report is not None
+    waited = BackgroundAdvice(delay_s=3600)
+    assert waited.wait(30) and waited.report is not None

@@ -1,0 +1,226 @@
+"""bench/peers.py's tables: best of rounds per arm, engines pooled over their two arms.
+
+A ratio between engines divides the pooled figures (the best of both arms' rounds); the
+control column divides an engine's second arm by its first, which shows the run's noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+PEERS = ("og", "llama")
+
+
+def _vals(runs: list[dict[str, Any]], key: str, **match: Any) -> list[float]:
+    return [float(r[key]) for r in runs if r.get(key) is not None
+            and all(r.get(k) == v for k, v in match.items())]
+
+
+def _best(values: list[float], lowest: bool = False) -> float | None:
+    if not values:
+        return None
+    return min(values) if lowest else max(values)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    print("\n| prompt | decode tok/s ours / og / llama.cpp | ours/og | ours/llama | "
+          "prefill tok/s ours / og / llama.cpp | ours/og | ours/llama | "
+          "control arm2/arm1 decode (ours, og, llama) | first TTFT ms ours / og / llama |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in lens:
+        row: dict[str, Any] = {}
+        for eng in ("ours", "og", "llama"):
+            arms = (eng, eng + "2")
+            pooled = [r for r in runs if r["kind"] == "decode" and r["prompt_len"] == n
+                      and r["arm"] in arms]
+            row[eng] = {
+                "decode_tok_s": _best(_vals(pooled, "decode_tok_s")),
+                "prefill_tok_s": _best(_vals(pooled, "prefill_tok_s")),
+                "first_ttft_ms": _best(_vals(pooled, "first_ttft_ms"), lowest=True),
+                "peak_rss_mib": _best(_vals(pooled, "peak_rss_mib"), lowest=True),
+                "idle_cpu": statistics.median(_vals(pooled, "idle_cpu") or [0.0]),
+                "control_decode": _ratio(
+                    _best(_vals(runs, "decode_tok_s", kind="decode", prompt_len=n,
+                                arm=arms[1])),
+                    _best(_vals(runs, "decode_tok_s", kind="decode", prompt_len=n,
+                                arm=arms[0]))),
+                "control_prefill": _ratio(
+                    _best(_vals(runs, "prefill_tok_s", kind="decode", prompt_len=n,
+                                arm=arms[1])),
+                    _best(_vals(runs, "prefill_tok_s", kind="decode", prompt_len=n,
+                                arm=arms[0])))}
+        for metric in ("decode_tok_s", "prefill_tok_s"):
+            for peer in PEERS:
+                row[f"{metric}_ours/{peer}"] = _ratio(row["ours"][metric], row[peer][metric])
+        out[str(n)] = row
+        d = [row[e]["decode_tok_s"] for e in ("ours", "og", "llama")]
+        pf = [row[e]["prefill_tok_s"] for e in ("ours", "og", "llama")]
+        print(f"| {n} | {' / '.join(map(_fmt, d))} | {_fmt(row['decode_tok_s_ours/og'], 2)} | "
+              f"{_fmt(row['decode_tok_s_ours/llama'], 2)} | {' / '.join(map(_fmt, pf))} | "
+              f"{_fmt(row['prefill_tok_s_ours/og'], 2)} | "
+              f"{_fmt(row['prefill_tok_s_ours/llama'], 2)} | "
+              + ", ".join(_fmt(row[e]["control_decode"], 3) for e in ("ours", "og", "llama"))
+              + " | " + " / ".join(_fmt(row[e]["first_ttft_ms"]) for e in ("ours", "og", "llama"))
+              + " |")
+    print("\n| prompt | peak RSS MiB ours / og / llama.cpp | idle CPU s/s (median) |")
+    print("|---|---|---|")
+    for n in lens:
+        row = out[str(n)]
+        print(f"| {n} | " + " / ".join(_fmt(row[e]["peak_rss_mib"]) for e in
+                                        ("ours", "og", "llama"))
+              + " | " + " / ".join(_fmt(row[e]["idle_cpu"], 3) for e in
+                                   ("ours", "og", "llama")) + " |")
+    return out
+
+
+def _first(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    print("\n| first request after a load | TTFT ms best (median) | decode tok/s best | "
+          "load ms best |")
+    print("|---|---|---|---|")
+    for arm in ("first", "first-race", "first-4k", "first-og"):
+        ttft = _vals(runs, "ttft_ms", kind="first", arm=arm)
+        if ttft:
+            out[arm] = {"ttft_ms": min(ttft), "ttft_median_ms": statistics.median(ttft),
+                        "decode_tok_s": _best(_vals(runs, "decode_tok_s", kind="first",
+                                                    arm=arm)),
+                        "load_ms": _best(_vals(runs, "load_ms", kind="first", arm=arm), True)}
+            row = out[arm]
+            print(f"| {arm} | {_fmt(row['ttft_ms'])} ({_fmt(row['ttft_median_ms'])}) | "
+                  f"{_fmt(row['decode_tok_s'])} | {_fmt(row['load_ms'])} |")
+    return out
+
+
+def _fim(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for eng in ("ours", "og", "llama"):
+        arms = {eng: [], eng + "2": []}  # type: dict[str, list[list[float]]]
+        recomputed: list[int] = []
+        for r in runs:
+            if r["kind"] == "fim" and r["arm"] in arms:
+                arms[r["arm"]].append([row["ttft_ms"] for row in r["rows"]])
+                recomputed = [row["recomputed"] for row in r["rows"]]
+        if not any(arms.values()):
+            continue
+        def per_edit(series: list[list[float]]) -> list[float]:
+            return [min(col) for col in zip(*series, strict=True)]
+        pooled = per_edit([s for v in arms.values() for s in v])
+        medians = {a: statistics.median(per_edit(v)[1:]) for a, v in arms.items() if v}
+        out[eng] = {"cold_ms": pooled[0], "edit_median_ms": statistics.median(pooled[1:]),
+                    "recomputed_median": statistics.median(recomputed[1:]),
+                    "prompt_tokens": None,
+                    "control": _ratio(medians.get(eng + "2"), medians.get(eng))}
+    print("\n| FIM after a one-character edit | cold TTFT ms | TTFT ms after an edit (median) "
+          "| prompt tokens recomputed (median) | control arm2/arm1 |")
+    print("|---|---|---|---|---|")
+    for eng, row in out.items():
+        print(f"| {eng} | {_fmt(row['cold_ms'])} | {_fmt(row['edit_median_ms'])} | "
+              f"{row['recomputed_median']:.0f} | {_fmt(row['control'], 3)} |")
+    for peer in PEERS:
+        if peer in out and "ours" in out:
+            out[f"{peer}/ours"] = _ratio(out[peer]["edit_median_ms"],
+                                         out["ours"]["edit_median_ms"])
+            print(f"- TTFT after an edit, {peer} / ours: {_fmt(out[f'{peer}/ours'], 2)}x")
+    return out
+
+
+def _streams(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for eng in ("ours", "og", "llama"):
+        pooled = [r for r in runs if r["kind"] == "streams" and r["arm"] in (eng, eng + "2")]
+        if pooled:
+            one, many = _best(_vals(pooled, "one_tok_s")), _best(_vals(pooled, "many_tok_s"))
+            out[eng] = {"one_tok_s": one, "many_tok_s": many, "scaling": _ratio(many, one)}
+    out["control_ours"] = _ratio(_best(_vals(runs, "many_tok_s", kind="streams", arm="ours2")),
+                                 _best(_vals(runs, "many_tok_s", kind="streams", arm="ours")))
+    print("\n| 4 streams | one stream tok/s | 4 streams aggregate tok/s | 4 / 1 |")
+    print("|---|---|---|---|")
+    for eng in ("ours", "og", "llama"):
+        if eng in out:
+            row = out[eng]
+            print(f"| {eng} | {_fmt(row['one_tok_s'])} | {_fmt(row['many_tok_s'])} | "
+                  f"{_fmt(row['scaling'], 2)} |")
+    for peer in PEERS:
+        if peer in out and "ours" in out:
+            out[f"ours/{peer}"] = _ratio(out["ours"]["many_tok_s"], out[peer]["many_tok_s"])
+            print(f"- 4-stream aggregate ours / {peer}: {_fmt(out[f'ours/{peer}'], 2)}x")
+    print(f"- control ours2/ours (4 streams): {_fmt(out['control_ours'], 3)}")
+    return out
+
+
+def _spec(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    print("\n| spec task | tok/s median (best) plain / plain2 / lookup / og / llama.cpp / "
+          "llama.cpp lookup | lookup/plain | lookup/og | lookup/llama.cpp lookup | "
+          "accepted/proposed |")
+    print("|---|---|---|---|---|---|")
+    for task in ("edit", "novel"):
+        row: dict[str, Any] = {}
+        for arm in ("plain", "plain2", "lookup", "og", "llama", "llama-lookup"):
+            vals = _vals(runs, "decode_tok_s", kind="spec", task=task, arm=arm)
+            if vals:
+                row[arm] = {"median": statistics.median(vals), "best": max(vals)}
+        if not row:
+            continue
+        spec = next((r.get("speculation") for r in runs if r["kind"] == "spec"
+                     and r["task"] == task and r["arm"] == "lookup" and r.get("speculation")),
+                    None) or {}
+        pooled_plain = statistics.median(
+            _vals(runs, "decode_tok_s", kind="spec", task=task, arm="plain")
+            + _vals(runs, "decode_tok_s", kind="spec", task=task, arm="plain2"))
+        med = {a: v["median"] for a, v in row.items()}
+        row["lookup/plain"] = _ratio(med.get("lookup"), pooled_plain)
+        row["lookup/og"] = _ratio(med.get("lookup"), med.get("og"))
+        row["lookup/llama-lookup"] = _ratio(med.get("lookup"), med.get("llama-lookup"))
+        row["speculation"] = spec
+        out[task] = row
+        cells = " / ".join(f"{_fmt(row[a]['median'])} ({_fmt(row[a]['best'])})" if a in row
+                           else "—" for a in ("plain", "plain2", "lookup", "og", "llama",
+                                              "llama-lookup"))
+        print(f"| {task} | {cells} | {_fmt(row['lookup/plain'], 2)} | "
+              f"{_fmt(row['lookup/og'], 2)} | {_fmt(row['lookup/llama-lookup'], 2)} | "
+              f"{spec.get('accepted', '—')}/{spec.get('proposed', '—')} |")
+    return out
+
+
+def report(runs: list[dict[str, Any]], machine: dict[str, Any], workloads: list[str],
+           lens: list[int]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    if "decode" in workloads:
+        summary["decode"] = _decode(runs, lens)
+        rates = {e: summary["decode"][str(lens[0])][e]["decode_tok_s"]
+                 for e in ("ours", "og", "llama")}
+        per_token = {"ours": machine["onnx_per_token"], "og": machine["onnx_per_token"],
+                     "llama": machine["gguf"]}
+        achieved = {e: (rates[e] or 0) * per_token[e] / 1e9 for e in rates}
+        summary["achieved_gb_s"] = achieved
+        print(f"\nread bandwidth: numpy copy {machine['memcpy_read_gb_s']:.1f} GB/s (1 thread)"
+              f", ORT ReduceSum {machine['ort_2t_read_gb_s']:.1f} GB/s (2 threads); decode at "
+              f"{lens[0]} tokens x bytes read per token (ours/og {per_token['ours'] / 1e6:.0f}"
+              f" MB, llama.cpp {per_token['llama'] / 1e6:.0f} MB): "
+              + ", ".join(f"{e} {v:.1f} GB/s" for e, v in achieved.items()))
+    if "first" in workloads:
+        summary["first"] = _first(runs)
+    if "fim" in workloads:
+        summary["fim"] = _fim(runs)
+    if "streams" in workloads:
+        summary["streams"] = _streams(runs)
+    if "spec" in workloads:
+        summary["spec"] = _spec(runs)
+    loads = [r["loadavg"][0] for r in runs if r.get("loadavg")]
+    if loads:
+        summary["loadavg_1m"] = {"min": min(loads), "median": statistics.median(loads),
+                                 "max": max(loads)}
+        print(f"\n1-minute load average before each job: min {min(loads):.2f}, median "
+              f"{statistics.median(loads):.2f}, max {max(loads):.2f}")
+    return summary

@@ -1,0 +1,185 @@
+"""Our engine's and onnxruntime-genai's side of bench/peers.py (one job per fresh process).
+
+Decode and speculative jobs reuse `bench._workers` (the clock of bench.decode); this adds
+the editor FIM after an edit (ours through the engine's prefix reuse, onnxruntime-genai
+with `Generator.rewind_to` on one generator, so both keep the unchanged prefix) and the
+4-stream aggregate (ours through the scheduler's batched step, onnxruntime-genai with a
+batch of 4 in one generator).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import _workers
+from bench._peer_llama import common_prefix
+
+
+def ours_fim(model: Path, prompts: list[list[int]], new_tokens: int,
+             threads: int) -> dict[str, Any]:
+    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+
+    engine = Engine.load(model, EngineConfig(intra_op_threads=threads))
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens)
+    rows = []
+    for ids in prompts:
+        res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
+        rows.append({"ttft_ms": res.timings.ttft_ms, "prompt": len(ids),
+                     "recomputed": len(ids) - res.prefix_cache_hit_len,
+                     "tokens": list(res.token_ids)})
+    return {"rows": rows}
+
+
+def _og_model(model: Path, threads: int) -> Any:
+    import onnxruntime_genai as og
+
+    config = og.Config(str(model))
+    config.overlay(json.dumps(
+        {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    return og.Model(config)
+
+
+def og_fim(model: Path, prompts: list[list[int]], new_tokens: int,
+           threads: int) -> dict[str, Any]:
+    """One generator for the whole editing session: each request rewinds it to the prefix
+    it shares with the new prompt (`rewind_to`) and appends only the rest."""
+    import onnxruntime_genai as og
+
+    og_model = _og_model(model, threads)
+    params = og.GeneratorParams(og_model)
+    params.set_search_options(max_length=max(map(len, prompts)) + new_tokens + 8,
+                              do_sample=False)
+    gen = og.Generator(og_model, params)
+    rows = []
+    held: list[int] = []
+    for ids in prompts:
+        start = time.perf_counter()
+        keep = min(common_prefix(held, ids), len(ids) - 1)
+        if keep < len(held):
+            gen.rewind_to(keep)
+        gen.append_tokens(np.asarray(ids[keep:], dtype=np.int32))
+        gen.generate_next_token()
+        ttft = (time.perf_counter() - start) * 1e3
+        while len(gen.get_sequence(0)) < len(ids) + new_tokens and not gen.is_done():
+            gen.generate_next_token()
+        seq = [int(t) for t in gen.get_sequence(0)]
+        held = seq
+        rows.append({"ttft_ms": ttft, "prompt": len(ids), "recomputed": len(ids) - keep,
+                     "tokens": seq[len(ids):]})
+    return {"rows": rows}
+
+
+def ours_streams(model: Path, prompts: list[list[int]], threads: int) -> dict[str, Any]:
+    from bench.concurrency import _stream_rate
+    from engine import Engine, EngineConfig
+
+    engine = Engine.load(model, EngineConfig(intra_op_threads=threads))
+    engine.wait_huge_pages()
+    _stream_rate(engine, [prompts[0][:8]])  # warm-up
+    one = _stream_rate(engine, prompts[:1])
+    many = _stream_rate(engine, prompts)
+    return {"one_tok_s": one, "many_tok_s": many, "streams": len(prompts)}
+
+
+def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
+               threads: int) -> dict[str, Any]:
+    """onnxruntime-genai's static batch: the prompts (same length) in one generator."""
+    import onnxruntime_genai as og
+
+    og_model = _og_model(model, threads)
+
+    def rate(batch: list[list[int]], n: int) -> float:
+        params = og.GeneratorParams(og_model)
+        total = len(batch[0]) + n
+        params.set_search_options(max_length=total, min_length=total, do_sample=False,
+                                  batch_size=len(batch))
+        gen = og.Generator(og_model, params)
+        gen.append_tokens(np.asarray(batch, dtype=np.int32))
+        gen.generate_next_token()
+        first = time.perf_counter()
+        for _ in range(n - 1):
+            gen.generate_next_token()
+        return len(batch) * (n - 1) / (time.perf_counter() - first)
+
+    rate([prompts[0][:8]], 8)  # warm-up
+    return {"one_tok_s": rate(prompts[:1], new_tokens),
+            "many_tok_s": rate(prompts, new_tokens), "streams": len(prompts)}
+
+
+def first_request(model: Path, ids: list[int], n: int, threads: int,
+                  arm: str) -> dict[str, Any]:
+    """The first request right after a load, as an app's first answer (no warm-up).
+    ``first`` is the engine as shipped (the huge-page collapse waits for a quiet moment
+    and pauses while a request runs), ``first-race`` starts it at once beside the request
+    (the engine before that change), ``first-4k`` has no huge pages, ``first-og`` is
+    onnxruntime-genai."""
+    t0 = time.perf_counter()
+    if arm == "first-og":
+        import onnxruntime_genai as og
+
+        og_model = _og_model(model, threads)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        start = time.perf_counter()
+        params = og.GeneratorParams(og_model)
+        params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + n,
+                                  do_sample=False)
+        gen = og.Generator(og_model, params)
+        gen.append_tokens(np.asarray(ids, dtype=np.int32))
+        gen.generate_next_token()
+        first = time.perf_counter()
+        for _ in range(n - 1):
+            gen.generate_next_token()
+        last = time.perf_counter()
+        return {"ttft_ms": (first - start) * 1e3, "load_ms": load_ms,
+                "decode_tok_s": (n - 1) / (last - first)}
+    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+
+    engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
+                                             huge_pages=arm != "first-4k"))
+    load_ms = (time.perf_counter() - t0) * 1e3
+    advice = engine._huge_pages
+    if arm == "first-race" and advice is not None:  # as before: at once, never pausing
+        setattr(advice, "begin", lambda: None)  # noqa: B010
+        setattr(advice, "end", lambda: None)  # noqa: B010
+        advice.start_now()
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
+    res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
+    return {"ttft_ms": res.timings.ttft_ms, "load_ms": load_ms,
+            "decode_tok_s": res.timings.decode_tok_s,
+            "collapse_done_after": engine.wait_huge_pages(0)}
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A job of bench.peers for the arms `ours` and `og` (their control arms alike)."""
+    data = json.loads(Path(job["prompts"]).read_text())
+    model, threads, kind = Path(job["model"]), int(job["threads"]), job["kind"]
+    engine = job["engine"]
+    if kind in ("decode", "spec"):
+        if kind == "decode":
+            ids, n = data["decode"][str(job["prompt_len"])], job["new_tokens"]
+        else:
+            ids, n = data["spec"][job["task"]]["ids"], data["spec"][job["task"]]["n"]
+        if engine == "og":
+            out = _workers.run_og(model, ids, data["warmup"], n, threads,
+                                  idle_s=job.get("idle_s", 0.0))
+        else:
+            mode = "prompt_lookup" if job.get("lookup") else "none"
+            out = _workers.run_ours(model, ids, data["warmup"], n, threads, spin=True,
+                                    speculative_mode=mode, idle_s=job.get("idle_s", 0.0))
+    elif kind == "first":
+        out = first_request(model, data["decode"][str(job["prompt_len"])], 32, threads,
+                            job["arm"])
+    elif kind == "fim":
+        fim = ours_fim if engine == "ours" else og_fim
+        out = fim(model, data["fim"], job["new_tokens"], threads)
+    elif engine == "ours":
+        out = ours_streams(model, data["streams"], threads)
+    else:
+        out = og_streams(model, data["streams"], job["new_tokens"], threads)
+    out["peak_rss_mib"] = _workers.proc_status_mib().get("vm_hwm_mib")
+    return out
