@@ -247,17 +247,18 @@ def _genai_config(s: DecoderShape, vocab: GGUFVocab) -> dict[str, Any]:
 
 
 def import_gguf(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                precision: str = "auto", compute: str = "fp32",
+                precision: str = "auto", compute: str = "int8",
                 progress: Callable[[Progress], None] | None = None,
                 cancel: Callable[[], bool] | None = None) -> ImportResult:
     """Convert ``path`` into the model folder ``out_dir`` (which must not exist yet, or be
     empty). ``progress`` hears of every step; ``cancel`` returning True stops the import
-    (CancelledError) and leaves nothing behind. ``compute``: "fp32" (4-bit projections
-    multiply in fp32, nearest to llama.cpp's own results) or "int8" (activations quantized
-    to 8 bits, as the onnxruntime-genai builder's CPU exports do)."""
+    (CancelledError) and leaves nothing behind. ``compute``: "int8" (activations quantized
+    to 8 bits, as the onnxruntime-genai builder's CPU exports and llama.cpp do; the faster)
+    or "fp32" (4-bit projections multiply in fp32: the GGUF's own arithmetic, top-1 closest
+    to llama.cpp's results, ~0.75x the decode speed; bench/gguf_import.md)."""
     if compute not in COMPUTES:
         raise ModelLoadError(f"compute must be one of {', '.join(COMPUTES)}, got {compute!r}",
-                             hint="use --compute fp32")
+                             hint="use --compute int8 (or fp32)")
     if precision not in PRECISIONS:
         raise ModelLoadError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"got {precision!r}", hint="use --precision auto")

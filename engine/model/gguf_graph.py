@@ -79,7 +79,7 @@ class LayerWeights:
 class GraphBuilder:
     """Builds the decoder into an :class:`OnnxWriter`, one layer at a time."""
 
-    def __init__(self, g: OnnxWriter, shape: DecoderShape, *, compute: str = "fp32") -> None:
+    def __init__(self, g: OnnxWriter, shape: DecoderShape, *, compute: str = "int8") -> None:
         self.g = g
         self.s = shape
         #: MatMulNBits' accuracy level for 4-bit weights: 0 computes in fp32 (what the GGUF's

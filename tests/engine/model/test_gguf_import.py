@@ -297,17 +297,19 @@ def test_import_needs_no_onnx_package(gguf_dir, tok_dir, tmp_path):
     assert {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}["num_heads"] == 4
 
 
-def test_four_bit_weights_compute_in_fp32_unless_int8_is_asked(gguf_dir, tok_dir, tmp_path):
-    """The default keeps the GGUF's own fp32 arithmetic for 4-bit weights (closest to
-    llama.cpp's results: bench/gguf_import.md); ``compute="int8"`` quantizes activations as
-    the onnxruntime-genai builder's CPU exports do, and the logits move off the GGUF's."""
+def test_compute_fp32_keeps_the_gguf_arithmetic_for_four_bit_weights(gguf_dir, tok_dir,
+                                                                      tmp_path):
+    """``compute="fp32"`` keeps the GGUF's own fp32 arithmetic for 4-bit weights (closest to
+    llama.cpp's results: bench/gguf_import.md); the default quantizes activations to 8 bits
+    as the onnxruntime-genai builder's CPU exports do, and the logits move off the GGUF's."""
     gguf = _gguf(gguf_dir, tok_dir, "llama-Q4_0")
     ref = reference_logits(str(gguf), IDS)
     scale = np.abs(ref).max()
-    default = import_gguf(gguf, tmp_path / "fp32").out_dir
-    int8 = import_gguf(gguf, tmp_path / "int8", compute="int8").out_dir
-    assert json.loads((default / "gguf_import.json").read_text())["compute"] == "fp32"
-    assert np.abs(_logits(default, IDS) - ref).max() < 1e-4 * scale
-    assert np.abs(_logits(int8, IDS) - ref).max() > 1e-3 * scale
+    fp32 = import_gguf(gguf, tmp_path / "fp32", compute="fp32").out_dir
+    default = import_gguf(gguf, tmp_path / "int8").out_dir
+    assert json.loads((fp32 / "gguf_import.json").read_text())["compute"] == "fp32"
+    assert json.loads((default / "gguf_import.json").read_text())["compute"] == "int8"
+    assert np.abs(_logits(fp32, IDS) - ref).max() < 1e-4 * scale
+    assert np.abs(_logits(default, IDS) - ref).max() > 1e-3 * scale
     with pytest.raises(ModelLoadError, match="compute"):
         import_gguf(gguf, tmp_path / "bad", compute="int3")
