@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.paths import engine_command
 from engine import import_work_dir
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -113,10 +113,7 @@ def find_gguf_files(env: Mapping[str, str] | None = None) -> list[GGUFFile]:
 def import_command(gguf: Path, out_dir: Path) -> tuple[str, list[str]]:
     """The program and arguments that convert ``gguf`` into ``out_dir`` in a child process:
     the frozen app runs the engine's command line through ``--worker``."""
-    args = ["import-gguf", str(gguf), str(out_dir)]
-    if getattr(sys, "frozen", False):
-        return sys.executable, ["--worker", *args]
-    return sys.executable, ["-m", "engine", *args]
+    return engine_command(["import-gguf", str(gguf), str(out_dir)])
 
 
 def free_folder(parent: Path, name: str) -> Path:

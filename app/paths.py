@@ -20,6 +20,14 @@ def resources_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "resources"
 
 
+def engine_command(args: list[str]) -> tuple[str, list[str]]:
+    """The program and arguments that run ``python -m engine ARGS`` in a child process: the
+    same executable with ``--worker`` in the frozen app, the interpreter from source."""
+    if getattr(sys, "frozen", False):
+        return sys.executable, ["--worker", *args]
+    return sys.executable, ["-m", "engine", *args]
+
+
 @dataclass(frozen=True)
 class AppPaths:
     data_dir: Path  # chats.sqlite3

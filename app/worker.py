@@ -13,12 +13,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+
+from app.paths import engine_command
 
 #: Back-off before a restart after n failed starts in a row (seconds): a worker that was
 #: serving is restarted at once.
@@ -99,9 +100,7 @@ class Crash:
 def command_for(options: WorkerOptions) -> tuple[str, list[str]]:
     """The program and arguments that start a worker: the same executable in the frozen
     app, ``python -m engine`` from source."""
-    if getattr(sys, "frozen", False):
-        return sys.executable, ["--worker", *options.argv()]
-    return sys.executable, ["-m", "engine", *options.argv()]
+    return engine_command(options.argv())
 
 
 def diagnose(exit_code: int, crashed: bool, stderr_tail: list[str]) -> str:

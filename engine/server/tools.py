@@ -122,7 +122,7 @@ def template_choice(plan: ToolPlan, choice: Any) -> dict[str, Any] | None:
     get it as the request sent it; the generic layout has no use for it)."""
     if plan.template_tools is None or choice is None:
         return None
-    return {"tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else choice}
+    return {"tool_choice": choice}
 
 
 def _system_or_folded(model: LoadedModel, shown: list[dict[str, Any]]
