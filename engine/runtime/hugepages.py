@@ -8,8 +8,14 @@ anything. After a model is loaded (ONNX Runtime has read and pre-packed its weig
 anonymous memory), :func:`advise_huge_pages` walks ``/proc/self/smaps`` and asks the
 kernel to collapse the large, mostly resident anonymous regions into 2 MiB pages now
 (``MADV_COLLAPSE``, Linux 6.1+), or marks them ``MADV_HUGEPAGE`` for ``khugepaged`` where
-it cannot. The engine runs it on a background thread after a load (a few hundred ms per
-GiB: the model is usable at once). Nothing changes numerically.
+it cannot. The engine runs it on a background thread after a load, in the pauses between
+requests (the model is usable at once). Nothing changes numerically.
+
+The worker does better where it can: started with glibc's ``glibc.malloc.hugetlb=1``
+tunable (:func:`huge_page_malloc_env`: the app sets it, ``python -m engine serve`` restarts
+itself in place with it), every large allocation is marked before it is touched, so the
+weights land on huge pages as ONNX Runtime loads them: no copy afterwards, and the first
+request already runs on them. The collapse then finds nothing left to do.
 
 Measured in ``bench/README.md`` (decode tok/s with and without).
 """
@@ -18,11 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import platform
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,9 +80,11 @@ def anonymous_regions(maps_text: str, min_bytes: int,
     ``min_bytes``, trimmed inward to huge-page boundaries (what can be collapsed).
     ``maps_text`` is ``/proc/PID/maps`` or ``smaps``; with ``smaps`` a mapping must also be
     at least ``min_resident`` resident (``Rss``): collapsing fills a sparse mapping's
-    holes, so a mostly empty allocator arena would grow the process for nothing."""
+    holes, so a mostly empty allocator arena would grow the process for nothing; a mapping
+    already (almost) all on huge pages is left out."""
     mappings: list[tuple[int, int, str, int, str]] = []
     resident: dict[int, int] = {}  # mapping index -> Rss bytes (smaps only)
+    huge: dict[int, int] = {}  # mapping index -> AnonHugePages bytes (smaps only)
     for line in maps_text.splitlines():
         m = _MAPS_LINE.match(line)
         if m is not None:
@@ -83,6 +92,8 @@ def anonymous_regions(maps_text: str, min_bytes: int,
                              int(m.group(4)), m.group(5).strip()))
         elif line.startswith("Rss:") and mappings:
             resident[len(mappings) - 1] = int(line.split()[1]) * 1024
+        elif line.startswith("AnonHugePages:") and mappings:
+            huge[len(mappings) - 1] = int(line.split()[1]) * 1024
     regions = []
     for index, (start, end, perms, inode, name) in enumerate(mappings):
         if inode != 0 or perms[:2] != "rw" or perms[3] != "p":
@@ -93,9 +104,35 @@ def anonymous_regions(maps_text: str, min_bytes: int,
             continue
         lo = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
         hi = end // HUGE_PAGE * HUGE_PAGE
+        if huge.get(index, 0) >= 0.9 * (hi - lo):
+            continue  # on huge pages already (glibc's hugetlb tunable, or THP "always")
         if end - start >= min_bytes and hi - lo >= HUGE_PAGE:
             regions.append((lo, hi - lo))
     return regions
+
+
+#: glibc (2.35+) malloc tunable: mark every mmap'd chunk and the heap MADV_HUGEPAGE, so the
+#: weights ONNX Runtime loads and pre-packs land on huge pages as they are first touched,
+#: with no copy afterwards. Read once, when a process starts: set for the worker.
+HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
+TUNABLES_ENV = "GLIBC_TUNABLES"
+
+
+def huge_page_malloc_env(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """``environ`` with glibc's huge-page malloc tunable added, for a worker process about
+    to start; None where it would do nothing (not Linux with glibc, THP ``never`` or
+    absent) or where ``GLIBC_TUNABLES`` already says ``glibc.malloc.hugetlb`` (the user's
+    choice, kept)."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    if thp_mode() not in ("madvise", "always"):
+        return None
+    current = environ.get(TUNABLES_ENV, "")
+    if "glibc.malloc.hugetlb" in current:
+        return None
+    env = dict(environ)
+    env[TUNABLES_ENV] = f"{current}:{HUGETLB_TUNABLE}" if current else HUGETLB_TUNABLE
+    return env
 
 
 def anon_huge_bytes() -> int:
@@ -109,9 +146,9 @@ def anon_huge_bytes() -> int:
     return 0
 
 
-#: The collapse works in slices of this many bytes, so a request that starts meanwhile
-#: waits for at most one slice (a few ms), not for a whole region.
-SLICE = 4 * HUGE_PAGE
+#: The collapse works in slices of this many bytes (one huge page), so a request that
+#: starts meanwhile shares the cores with at most one slice's copy, not a whole region's.
+SLICE = HUGE_PAGE
 
 
 def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.75,
@@ -169,15 +206,18 @@ class BackgroundAdvice:
 
     The collapse starts when the first request ends, after ``delay_s`` with none, or
     when someone waits for it (:meth:`wait`); the engine calls :meth:`begin` and
-    :meth:`end` around each request and the collapse waits between slices while one
-    runs. Started at once after the load, on two cores, it made the first request after
-    a load (an app's first answer) slower than with no huge pages at all (bench.peers,
-    "first"); now that request runs as if there were none. It never waits more than
-    ``patience_s`` in all for requests to end (one left open cannot keep the pages small
-    forever).
+    :meth:`end` around each request, and each slice waits until no request has run for
+    ``quiet_s``. Started at once after the load, on two cores, it made the first request
+    after a load (an app's first answer) slower than with no huge pages at all
+    (bench.peers, "first"); resumed the moment a request ended, it overlapped the next
+    one: an editor's completions, one per keystroke, took 25-45 ms instead of 11-14 while
+    it ran (a slice started in every gap between them). Now it works in the pauses of a
+    session. It never waits more than ``patience_s`` in all (requests that never stop
+    cannot keep the pages small forever).
     """
 
-    def __init__(self, delay_s: float = 2.0, patience_s: float = 60.0) -> None:
+    def __init__(self, delay_s: float = 2.0, patience_s: float = 60.0,
+                 quiet_s: float = 0.5) -> None:
         self.report: HugePageReport | None = None  # None until done
         self._busy = 0
         self._lock = threading.Lock()
@@ -186,6 +226,8 @@ class BackgroundAdvice:
         self._go = threading.Event()
         self._delay = delay_s
         self._patience = patience_s
+        self._quiet = quiet_s
+        self._last_end = float("-inf")
         self._deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="hugepages", daemon=True)
         self._thread.start()
@@ -199,6 +241,7 @@ class BackgroundAdvice:
     def end(self) -> None:
         with self._lock:
             self._busy = max(0, self._busy - 1)
+            self._last_end = time.monotonic()
             if not self._busy:
                 self._idle.set()
         self._go.set()
@@ -208,15 +251,25 @@ class BackgroundAdvice:
         self._go.set()
 
     def _pause(self) -> None:
-        self._idle.wait(max(0.0, self._deadline - time.monotonic()))
+        """Return once no request has run for ``quiet_s`` (or patience ran out)."""
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0 or not self._idle.wait(None if left == float("inf") else left):
+                return
+            quiet_for = time.monotonic() - self._last_end
+            if quiet_for >= self._quiet:
+                return
+            time.sleep(min(self._quiet - quiet_for, left))
 
     def _run(self) -> None:
         self._go.wait(self._delay)
-        self._deadline = time.monotonic() + self._patience
+        self._deadline = min(self._deadline, time.monotonic() + self._patience)
         self.report = advise_huge_pages(pause=self._pause)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Start it now and return True when done (within ``timeout`` seconds)."""
+        """Start it now, without waiting for quiet, and return True when done (within
+        ``timeout`` seconds)."""
+        self._deadline = time.monotonic()  # whoever waits wants it done, not paced
         self._go.set()
         self._thread.join(timeout)
         return not self._thread.is_alive()

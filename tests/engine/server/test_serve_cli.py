@@ -144,3 +144,45 @@ def test_the_worker_spins_briefly_by_default_and_spin_us_sets_it(tmp_path):
         args = parser.parse_args(["--no-kv-store", "--admin-token-file",
                                   str(tmp_path / "token"), *argv])
         assert config_from_args(args).engine.spin_duration_us == expected
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's tunable: Linux only")
+def test_a_worker_started_by_hand_restarts_in_place_with_huge_page_malloc(slow_model_dir,
+                                                                          tmp_path):
+    # glibc reads GLIBC_TUNABLES only when a process starts, so `python -m engine serve`
+    # typed by hand starts again in place: the same pid (whoever started it still watches
+    # it) and the same pipes (the ready line still arrives), the tunable now set.
+    from engine.runtime.hugepages import huge_page_malloc_env
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "ONNX_LOCAL_LLM_RESTARTED")}
+    env["HOME"] = str(tmp_path)
+    expected = huge_page_malloc_env(env)
+    proc = _start("--model", str(slow_model_dir), "--admin-token-file",
+                  str(tmp_path / "token"), env=env)
+    try:
+        ready = _ready(proc)
+        assert ready["pid"] == proc.pid
+        seen = dict(item.split("=", 1) for item in
+                    Path(f"/proc/{proc.pid}/environ").read_bytes().decode().split("\0")
+                    if "=" in item)
+        if expected is None:  # no glibc or no transparent huge pages here: nothing to do
+            assert "GLIBC_TUNABLES" not in seen
+        else:
+            assert seen["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+            assert seen["ONNX_LOCAL_LLM_RESTARTED"] == "1"  # and it restarts only once
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    # a user's own hugetlb setting is kept as it is
+    env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=0"
+    proc = _start("--model", str(slow_model_dir), "--admin-token-file",
+                  str(tmp_path / "token"), env=env)
+    try:
+        assert _ready(proc)["pid"] == proc.pid
+        seen_raw = Path(f"/proc/{proc.pid}/environ").read_bytes().decode().split("\0")
+        assert "GLIBC_TUNABLES=glibc.malloc.hugetlb=0" in seen_raw
+        assert "ONNX_LOCAL_LLM_RESTARTED=1" not in seen_raw
+    finally:
+        proc.terminate()
+        proc.wait(15)
