@@ -188,7 +188,12 @@ def test_the_collapse_waits_for_a_pause_in_the_requests_not_a_gap_between_two() 
     advice = BackgroundAdvice(delay_s=3600, quiet_s=2.0)
     advice.begin()
     paused = threading.Event()
-    waiter = threading.Thread(target=lambda: (advice._pause(), paused.set()), daemon=True)
+
+    def slice_waits() -> None:
+        advice._pause()
+        paused.set()
+
+    waiter = threading.Thread(target=slice_waits, daemon=True)
     waiter.start()
     for _ in range(20):  # back-to-back requests
         advice.end()
