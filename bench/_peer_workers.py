@@ -114,10 +114,10 @@ def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
 def first_request(model: Path, ids: list[int], n: int, threads: int,
                   arm: str) -> dict[str, Any]:
     """The first request right after a load, as an app's first answer (no warm-up).
-    ``first`` is the engine as shipped (the huge-page collapse waits for a quiet moment
-    and pauses while a request runs), ``first-race`` starts it at once beside the request
-    (the engine before that change), ``first-4k`` has no huge pages, ``first-og`` is
-    onnxruntime-genai."""
+    ``first`` is the engine as the worker runs (bench.peers starts it with glibc's
+    huge-page malloc tunable), ``first-collapse`` in a plain process (the huge-page
+    collapse after the load, paced around requests), ``first-4k`` has no huge pages,
+    ``first-og`` is onnxruntime-genai."""
     t0 = time.perf_counter()
     if arm == "first-og":
         import onnxruntime_genai as og
@@ -142,11 +142,6 @@ def first_request(model: Path, ids: list[int], n: int, threads: int,
     engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
                                              huge_pages=arm != "first-4k"))
     load_ms = (time.perf_counter() - t0) * 1e3
-    advice = engine._huge_pages
-    if arm == "first-race" and advice is not None:  # as before: at once, never pausing
-        setattr(advice, "begin", lambda: None)  # noqa: B010
-        setattr(advice, "end", lambda: None)  # noqa: B010
-        advice.start_now()
     opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
     res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
     return {"ttft_ms": res.timings.ttft_ms, "load_ms": load_ms,
@@ -182,4 +177,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     else:
         out = og_streams(model, data["streams"], job["new_tokens"], threads)
     out["peak_rss_mib"] = _workers.proc_status_mib().get("vm_hwm_mib")
+    from engine.runtime.hugepages import anon_huge_bytes
+
+    out["anon_huge_mib"] = round(anon_huge_bytes() / 2**20)  # on huge pages at the end
     return out

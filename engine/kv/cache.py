@@ -13,6 +13,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -31,8 +32,8 @@ class KVGeometry:
     def from_pairs(cls, pairs: Sequence[KVPair]) -> KVGeometry:
         return cls(tuple((p.num_heads, p.head_dim, p.dtype) for p in pairs))
 
-    @property
-    def bytes_per_token(self) -> int:
+    @cached_property
+    def bytes_per_token(self) -> int:  # (asked several hundred times a request)
         return sum(h * d * np.dtype(t).itemsize for h, d, t in self.shapes)
 
     def page_bytes(self, page_size: int) -> int:

@@ -30,8 +30,17 @@ log = logging.getLogger(__name__)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading ids `a` and `b` share (at most `limit`). Compares blocks of ids
+    first (a list comparison runs in C), then ids one by one in the block that differs:
+    an editor's 2,000-token prompt costs a few µs, not a Python loop over every id."""
     n = min(len(a), len(b), limit)
-    for i in range(n):
+    at, block = 0, 256
+    while at < n:
+        end = min(at + block, n)
+        if list(a[at:end]) != list(b[at:end]):
+            break
+        at = end
+    for i in range(at, min(at + block, n)):
         if a[i] != b[i]:
             return i
     return n

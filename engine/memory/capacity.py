@@ -120,15 +120,17 @@ class SystemRAM:
     """Physical memory (psutil). `used` is total minus available, which counts the
     reclaimable page cache as free, as the OS does when it hands out memory."""
 
-    #: Seconds one /proc/meminfo reading serves: a request's start asks for it a dozen
-    #: times (total, used, available, per check), ~0.25 ms each and more when the cores
-    #: are busy; memory does not move meaningfully in between.
+    #: Seconds one /proc/meminfo (and one process RSS) reading serves: a request's start
+    #: asks for it a dozen times (total, used, available, per check), ~0.25 ms each and
+    #: more when the cores are busy; memory does not move meaningfully in between.
     FRESH_S = 0.02
 
     def __init__(self) -> None:
         self._process = psutil.Process()
         self._vm: Any = None
         self._vm_at = float("-inf")
+        self._rss = 0
+        self._rss_at = float("-inf")
 
     def _memory(self) -> Any:
         now = time.monotonic()
@@ -151,7 +153,10 @@ class SystemRAM:
         return int(self._memory().available)
 
     def process_used(self) -> int | None:
-        return int(self._process.memory_info().rss)
+        now = time.monotonic()  # (the same freshness as /proc/meminfo's reading)
+        if now - self._rss_at > self.FRESH_S:
+            self._rss, self._rss_at = int(self._process.memory_info().rss), now
+        return self._rss
 
 
 def nearest_existing(path: str | os.PathLike[str]) -> Path | None:

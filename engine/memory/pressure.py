@@ -122,8 +122,10 @@ def make_room(engine: EngineCore, scheduler: Preemptor | None, runner: DecodeRun
 
     def fits() -> bool:
         report_kv(engine)
-        return (governor.over_limit(governor.kv_tier) == 0
-                and governor.can_allocate(governor.kv_tier, runner.growth_bytes(total)))
+        if governor.over_limit(governor.kv_tier):
+            return False
+        growth = runner.growth_bytes(total)  # none (the usual case): no reading to take
+        return growth == 0 or governor.can_allocate(governor.kv_tier, growth)
 
     free_idle(engine, scheduler, fits)
     return fits()

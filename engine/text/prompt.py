@@ -23,7 +23,8 @@ def encode_request(tokenizer: Tokenizer, request: GenerateRequest, vocab_size: i
     default, as Hugging Face, onnxruntime-genai and llama.cpp do)."""
     if request.token_ids is not None:
         ids = list(request.token_ids)
-        bad = [t for t in ids if not 0 <= t < vocab_size]
+        bad = [] if not ids or (min(ids) >= 0 and max(ids) < vocab_size) else [
+            t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidPromptError(
                 f"token ids {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})",

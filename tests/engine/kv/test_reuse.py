@@ -1,8 +1,11 @@
 """KV reuse is token-identical to full recompute, on every decode-path layout."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+from engine.kv.reuse import common_prefix_len
 
 BASE = [(7 * i + 3) % 400 + 9 for i in range(70)]
 
@@ -104,3 +107,16 @@ def test_session_stops_at_explicit_context_length(genai_model_dir):
     assert engine.session_token_count(sid) == 16
     engine.close_session(sid)
     assert len(engine.sessions) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=1200), st.integers(0, 1200),
+       st.lists(st.integers(0, 3), max_size=40), st.integers(0, 1300))
+def test_the_shared_prefix_is_the_first_difference_within_the_limit(base, cut, tail, limit):
+    # (blocks of ids compared at once, then one by one: the answer is the plain loop's,
+    # wherever the difference falls, block boundaries included)
+    a, b = base, base[:cut] + tail
+    expected = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                    min(len(a), len(b)))
+    assert common_prefix_len(a, tuple(b), limit) == min(expected, limit)
+    assert common_prefix_len(tuple(b), a, limit) == min(expected, limit)

@@ -72,6 +72,31 @@ def test_shared_buffer_starts_small_and_grows_without_changing_tokens(genai_mode
     assert grown == _greedy_run(engine.runner, IDS, 40)
 
 
+def test_a_growing_bank_takes_headroom_only_where_the_governor_has_room(genai_model_dir):
+    # An editor's prompt grows a token or two per keystroke; growing by exact steps copied
+    # the whole bank every 64 tokens. It grows by a quarter more when there is room, and
+    # by what is needed when there is not.
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    per_token = engine.spec.kv_bytes_per_token
+    asked: list[int] = []
+    for room, expected in ((True, 640), (False, 576)):
+        def may_grow(nbytes: int, room: bool = room) -> bool:
+            asked.append(nbytes)
+            return room
+        # (a longer context than the tiny model's 256: only buffers are made here)
+        bank = KVBank(engine.session, engine.spec, 4096, max_rows=1, may_grow=may_grow)
+        runner = bank.add_runner(initial_capacity=512)
+        runner.reserve(520)  # needs 576 (the next step of 64)
+        assert runner.capacity == expected and bank.nbytes == expected * per_token
+        runner.reserve(expected)  # within what it holds: nothing moves
+        assert runner.capacity == expected
+    assert asked == [128 * per_token, 128 * per_token]  # the headroom's bytes, asked first
+    exact = KVBank(engine.session, engine.spec, 4096, max_rows=1)
+    runner = exact.add_runner(initial_capacity=512)
+    runner.reserve(520)
+    assert runner.capacity == 576  # no governor to ask: never more than needed
+
+
 def test_batched_decode_of_different_lengths_equals_solo_runs(genai_model_dir):
     engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
     prompts = [IDS[:3], IDS, IDS[2:9]]

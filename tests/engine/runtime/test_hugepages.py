@@ -3,6 +3,7 @@ and the advice on this process (a real madvise on real memory)."""
 
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 import time
@@ -105,10 +106,18 @@ def test_the_kernel_mode_is_the_bracketed_word(tmp_path: Path) -> None:
     assert thp_mode(tmp_path / "absent") == "unknown"
 
 
+def _fresh_buffer() -> mmap.mmap:
+    """64 MiB of private anonymous memory, touched (resident on 4 KiB pages), in a mapping
+    of its own: never advised before (malloc could hand out heap an earlier test's
+    engine already put on huge pages, and the advice skips what is huge already)."""
+    buffer = mmap.mmap(-1, 64 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer[:: 4096] = b"x" * len(buffer[:: 4096])
+    return buffer
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 def test_advice_on_this_process_backs_a_large_buffer_with_huge_pages() -> None:
-    buffer = bytearray(64 * MIB)  # malloc'd: a private anonymous mapping
-    buffer[:: 4096] = b"x" * len(buffer[:: 4096])  # touched: resident on 4 KiB pages
+    buffer = _fresh_buffer()
     before = anon_huge_bytes()
     report = advise_huge_pages(min_bytes=32 * MIB)
     if thp_mode() in ("never", "unknown"):
@@ -147,8 +156,7 @@ def test_the_collapse_waits_between_slices_while_a_request_runs() -> None:
     # right after a load would share two cores with the kernel's copying otherwise).
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
-    buffer = bytearray(64 * MIB)
-    buffer[:: 4096] = b"x" * len(buffer[:: 4096])
+    buffer = _fresh_buffer()
     gate, reached = threading.Event(), threading.Event()
     slices = []
 
