@@ -20,7 +20,6 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from app.paths import engine_command
-from engine import huge_page_malloc_env
 
 #: Back-off before a restart after n failed starts in a row (seconds): a worker that was
 #: serving is restarted at once.
@@ -33,7 +32,6 @@ STDERR_LINES = 40
 
 #: The worker reads its API key from this variable (``python -m engine serve --help``).
 API_KEY_ENV = "ONNX_LOCAL_LLM_API_KEY"
-TUNABLES_ENV = "GLIBC_TUNABLES"
 
 
 @dataclass(frozen=True)
@@ -77,13 +75,8 @@ class WorkerOptions:
 
     def environment(self) -> dict[str, str | None]:
         """Variables set (None: removed) in the worker's environment. The API key travels
-        here, never on the command line, which every local user can read. On Linux,
-        glibc's huge-page malloc tunable too (engine.huge_page_malloc_env)."""
-        env: dict[str, str | None] = {API_KEY_ENV: self.api_key or None}
-        tuned = huge_page_malloc_env(os.environ)  # weights on huge pages from the start
-        if tuned is not None:
-            env[TUNABLES_ENV] = tuned[TUNABLES_ENV]
-        return env
+        here, never on the command line, which every local user can read."""
+        return {API_KEY_ENV: self.api_key or None}
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_worker(module: str, *args: str, timeout: float = 1800,
-               python: str | None = None,
-               environ: dict[str, str] | None = None) -> dict[str, Any]:
+               python: str | None = None) -> dict[str, Any]:
     """`python -m MODULE ARGS...` from the repository root; its last `{...}` stdout line.
-    `python` is another interpreter (a peer's own venv); this one by default. `environ`
-    replaces this process's environment (PYTHONPATH is set either way)."""
-    env = {**(os.environ if environ is None else environ), "PYTHONPATH": str(REPO)}
+    `python` is another interpreter (a peer's own venv); this one by default."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([python or sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

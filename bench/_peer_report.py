@@ -88,7 +88,7 @@ def _first(runs: list[dict[str, Any]]) -> dict[str, Any]:
     print("\n| first request after a load | TTFT ms best (median) | decode tok/s best | "
           "load ms best |")
     print("|---|---|---|---|")
-    for arm in ("first", "first-collapse", "first-4k", "first-og"):
+    for arm in ("first", "first-4k", "first-og"):
         ttft = _vals(runs, "ttft_ms", kind="first", arm=arm)
         if ttft:
             out[arm] = {"ttft_ms": min(ttft), "ttft_median_ms": statistics.median(ttft),

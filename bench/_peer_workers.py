@@ -114,10 +114,8 @@ def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
 def first_request(model: Path, ids: list[int], n: int, threads: int,
                   arm: str) -> dict[str, Any]:
     """The first request right after a load, as an app's first answer (no warm-up).
-    ``first`` is the engine as the worker runs (bench.peers starts it with glibc's
-    huge-page malloc tunable), ``first-collapse`` in a plain process (the huge-page
-    collapse after the load, paced around requests), ``first-4k`` has no huge pages,
-    ``first-og`` is onnxruntime-genai."""
+    ``first`` is the engine as shipped (the weights' huge-page collapse waits for a pause
+    in the requests), ``first-4k`` has no huge pages, ``first-og`` is onnxruntime-genai."""
     t0 = time.perf_counter()
     if arm == "first-og":
         import onnxruntime_genai as og

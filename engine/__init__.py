@@ -36,7 +36,6 @@ from engine.model.folders import (
     inspect_folder,
     is_model_dir,
 )
-from engine.runtime.hugepages import huge_page_malloc_env
 from engine.runtime.providers import installed_ort_variants
 from engine.text.tokenizer import ChatMessage
 
@@ -70,7 +69,6 @@ __all__ = [
     "completeness_problem",
     "find_model_dirs",
     "folder_size",
-    "huge_page_malloc_env",
     "human_size",
     "import_work_dir",
     "inspect_folder",

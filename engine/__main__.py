@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Collection, Sequence
-from pathlib import Path
 from typing import Any
 
 from engine.config import PROVIDERS, EngineConfig, GenerateOptions
@@ -256,36 +254,9 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: Set in the environment of a worker that restarted itself with glibc's huge-page
-#: malloc tunable, so that it never restarts twice.
-RESTARTED_ENV = "ONNX_LOCAL_LLM_RESTARTED"
-
-
-def _restart_with_huge_page_malloc() -> None:
-    """`python -m engine serve` started by hand (an editor's user), on Linux: start again
-    in place (same pid, same pipes) with glibc's huge-page malloc tunable, which glibc
-    reads only when a process starts (engine.runtime.hugepages). The app sets it itself,
-    so its workers never restart; the frozen worker neither."""
-    if getattr(sys, "frozen", False) or os.environ.get(RESTARTED_ENV):
-        return
-    if Path(sys.argv[0]).resolve() != Path(__file__).resolve():
-        return  # not `python -m engine` (main() called from other code)
-    from engine.runtime.hugepages import huge_page_malloc_env
-
-    env = huge_page_malloc_env(os.environ)
-    if env is None:
-        return
-    env[RESTARTED_ENV] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-
-
 def _serve(args: argparse.Namespace) -> int:
     from engine.server.serve import run
 
-    if args.restart_for_huge_pages:
-        _restart_with_huge_page_malloc()
     return run(args)  # it sets up the worker's log (engine/server/worker_log.py)
 
 
@@ -321,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = _build_parser()
     args = parser.parse_args(argv)
-    args.restart_for_huge_pages = argv is None
     commands = {"generate": _generate, "inspect": _inspect, "serve": _serve,
                 "import-gguf": _import_gguf}
     try:

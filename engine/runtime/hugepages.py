@@ -11,11 +11,14 @@ kernel to collapse the large, mostly resident anonymous regions into 2 MiB pages
 it cannot. The engine runs it on a background thread after a load, in the pauses between
 requests (the model is usable at once). Nothing changes numerically.
 
-The worker does better where it can: started with glibc's ``glibc.malloc.hugetlb=1``
-tunable (:func:`huge_page_malloc_env`: the app sets it, ``python -m engine serve`` restarts
-itself in place with it), every large allocation is marked before it is touched, so the
-weights land on huge pages as ONNX Runtime loads them: no copy afterwards, and the first
-request already runs on them. The collapse then finds nothing left to do.
+The KV buffers are ours to allocate, so :func:`huge_zeros` maps them marked
+``MADV_HUGEPAGE`` before they are touched: they fault in as huge pages (no copy), which
+matters once a long context's KV is read every step as much as the weights are (a
+2,000-token prompt's KV on the built-in model is ~90 MB, the int4 weights 86 MB).
+(glibc's ``glibc.malloc.hugetlb=1`` tunable would mark every allocation so, the weights'
+too; measured in bench.peers it made the load and the first request ~300 ms slower, as
+every activation buffer ONNX Runtime allocates then faults in through the kernel's
+direct compaction, so it is not used.)
 
 Measured in ``bench/README.md`` (decode tok/s with and without).
 """
@@ -24,14 +27,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import platform
+import mmap
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +116,40 @@ def anonymous_regions(maps_text: str, min_bytes: int,
     return regions
 
 
-#: glibc (2.35+) malloc tunable: mark every mmap'd chunk and the heap MADV_HUGEPAGE, so the
-#: weights ONNX Runtime loads and pre-packs land on huge pages as they are first touched,
-#: with no copy afterwards. Read once, when a process starts: set for the worker.
-HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
-TUNABLES_ENV = "GLIBC_TUNABLES"
+def huge_zeros(shapes: Sequence[tuple[int, ...]],
+               dtypes: Sequence[np.dtype | type | str]) -> list[np.ndarray]:
+    """Zeroed arrays of these shapes and dtypes, side by side in one mapping of their own
+    marked ``MADV_HUGEPAGE`` before anything touches it, so they fault in on 2 MiB pages
+    where the kernel has them (it falls back to 4 KiB pages by itself). One mapping for
+    all: a KV buffer per layer is often under 2 MiB by itself. Plain ``np.zeros`` off
+    Linux, with transparent huge pages off, or below one huge page in all. The memory goes
+    back when every array (and view) is gone."""
+    kinds = [np.dtype(d) for d in dtypes]
+    sizes = [int(np.prod(s, dtype=np.int64)) * k.itemsize for s, k in zip(shapes, kinds,
+                                                                        strict=True)]
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // 4096) * 4096  # each array starts on a page
+    if total < HUGE_PAGE or not _thp_usable():
+        return [np.zeros(s, k) for s, k in zip(shapes, kinds, strict=True)]
+    try:
+        mapping = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, AttributeError, ValueError):
+        return [np.zeros(s, k) for s, k in zip(shapes, kinds, strict=True)]
+    return [np.frombuffer(mapping, dtype=k, count=size // k.itemsize, offset=at).reshape(s)
+            for s, k, size, at in zip(shapes, kinds, sizes, offsets, strict=True)]
 
 
-def huge_page_malloc_env(environ: Mapping[str, str]) -> dict[str, str] | None:
-    """``environ`` with glibc's huge-page malloc tunable added, for a worker process about
-    to start; None where it would do nothing (not Linux with glibc, THP ``never`` or
-    absent) or where ``GLIBC_TUNABLES`` already says ``glibc.malloc.hugetlb`` (the user's
-    choice, kept)."""
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    if thp_mode() not in ("madvise", "always"):
-        return None
-    current = environ.get(TUNABLES_ENV, "")
-    if "glibc.malloc.hugetlb" in current:
-        return None
-    env = dict(environ)
-    env[TUNABLES_ENV] = f"{current}:{HUGETLB_TUNABLE}" if current else HUGETLB_TUNABLE
-    return env
+_THP_USABLE: bool | None = None
+
+
+def _thp_usable() -> bool:
+    global _THP_USABLE
+    if _THP_USABLE is None:
+        _THP_USABLE = sys.platform.startswith("linux") and thp_mode() in ("madvise", "always")
+    return _THP_USABLE
 
 
 def anon_huge_bytes() -> int:

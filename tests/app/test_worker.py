@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 
 from app.worker import Crash, WorkerOptions, WorkerProcess, command_for, diagnose
-from engine import huge_page_malloc_env
 from tests.app.conftest import ROOT, TINY
 
 
@@ -147,12 +146,6 @@ def test_the_api_key_reaches_the_worker_through_its_environment_not_argv(
                           headers={"Authorization": "Bearer s3cret-key"})
         assert keyed.status_code == 200
         assert info.log_file and Path(info.log_file).is_file()
-        # on Linux the app starts it with glibc's huge-page malloc tunable: it never has
-        # to restart itself for it (the same pid reported ready, no restart marker)
-        if huge_page_malloc_env(os.environ) is not None:
-            environ = psutil.Process(info.pid).environ()
-            assert "glibc.malloc.hugetlb=1" in environ["GLIBC_TUNABLES"]
-            assert "ONNX_LOCAL_LLM_RESTARTED" not in environ
     finally:
         worker.stop()
     open_worker = WorkerProcess()
