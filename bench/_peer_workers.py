@@ -74,16 +74,48 @@ def og_fim(model: Path, prompts: list[list[int]], new_tokens: int,
     return {"rows": rows}
 
 
-def ours_streams(model: Path, prompts: list[list[int]], threads: int) -> dict[str, Any]:
-    from bench.concurrency import _stream_rate
+def _ours_rates(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """`prompts` submitted together to the scheduler: the aggregate tok/s once every stream
+    has its first token (``steady``, onnxruntime-genai's static batch window) and from the
+    submission to the last token (``end_to_end``, the prompts' prefill included)."""
+    from engine import GenerateOptions, GenerateRequest
+    from engine.scheduler import Scheduler
+
+    scheduler = Scheduler(engine)
+    stamps: list[tuple[int, float]] = []
+
+    def sink_for(stream: int) -> Any:
+        def sink(item: Any) -> None:
+            if isinstance(item, BaseException):
+                raise item
+            if item.token_id is not None:
+                stamps.append((stream, item.timestamp))
+        return sink
+
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens)
+    start = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        scheduler.submit(GenerateRequest(token_ids=tuple(ids), options=opts), sink_for(i))
+    while scheduler.step():
+        pass
+    all_in = max(min(t for s, t in stamps if s == i) for i in range(len(prompts)))
+    after = [t for _, t in stamps if t > all_in]
+    last = max(t for _, t in stamps)
+    return {"steady": len(after) / (last - all_in), "end_to_end": len(stamps) / (last - start)}
+
+
+def ours_streams(model: Path, prompts: list[list[int]], new_tokens: int,
+                 threads: int) -> dict[str, Any]:
     from engine import Engine, EngineConfig
 
     engine = Engine.load(model, EngineConfig(intra_op_threads=threads))
     engine.wait_huge_pages()
-    _stream_rate(engine, [prompts[0][:8]])  # warm-up
-    one = _stream_rate(engine, prompts[:1])
-    many = _stream_rate(engine, prompts)
-    return {"one_tok_s": one, "many_tok_s": many, "streams": len(prompts)}
+    _ours_rates(engine, [prompts[0][:8]], 8)  # warm-up
+    one, many = _ours_rates(engine, prompts[:1], new_tokens), _ours_rates(engine, prompts,
+                                                                          new_tokens)
+    return {"one_tok_s": one["steady"], "many_tok_s": many["steady"],
+            "one_e2e_tok_s": one["end_to_end"], "many_e2e_tok_s": many["end_to_end"],
+            "streams": len(prompts)}
 
 
 def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
@@ -93,7 +125,9 @@ def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
 
     og_model = _og_model(model, threads)
 
-    def rate(batch: list[list[int]], n: int) -> float:
+    def rate(batch: list[list[int]], n: int) -> tuple[float, float]:
+        """(tok/s after the first token, tok/s from the start, prefill included)."""
+        start = time.perf_counter()
         params = og.GeneratorParams(og_model)
         total = len(batch[0]) + n
         params.set_search_options(max_length=total, min_length=total, do_sample=False,
@@ -104,11 +138,13 @@ def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
         first = time.perf_counter()
         for _ in range(n - 1):
             gen.generate_next_token()
-        return len(batch) * (n - 1) / (time.perf_counter() - first)
+        end = time.perf_counter()
+        return len(batch) * (n - 1) / (end - first), len(batch) * n / (end - start)
 
     rate([prompts[0][:8]], 8)  # warm-up
-    return {"one_tok_s": rate(prompts[:1], new_tokens),
-            "many_tok_s": rate(prompts, new_tokens), "streams": len(prompts)}
+    one, many = rate(prompts[:1], new_tokens), rate(prompts, new_tokens)
+    return {"one_tok_s": one[0], "many_tok_s": many[0], "one_e2e_tok_s": one[1],
+            "many_e2e_tok_s": many[1], "streams": len(prompts)}
 
 
 def first_request(model: Path, ids: list[int], n: int, threads: int,
@@ -171,7 +207,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         fim = ours_fim if engine == "ours" else og_fim
         out = fim(model, data["fim"], job["new_tokens"], threads)
     elif engine == "ours":
-        out = ours_streams(model, data["streams"], threads)
+        out = ours_streams(model, data["streams"], job["new_tokens"], threads)
     else:
         out = og_streams(model, data["streams"], job["new_tokens"], threads)
     out["peak_rss_mib"] = _workers.proc_status_mib().get("vm_hwm_mib")

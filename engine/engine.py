@@ -105,8 +105,7 @@ class Engine:
             session, spec, self.context_length, config.max_batch,
             device_options(config.device_kv, session_info.provider, spec.decode_path,
                            graph_capture),
-            may_grow=lambda nbytes: self.governor.can_allocate(self.governor.kv_tier, nbytes),
-            huge_pages=config.huge_pages and session_info.provider == "cpu")
+            may_grow=lambda nbytes: self.governor.can_allocate(self.governor.kv_tier, nbytes))
         #: One runner per concurrently running sequence; runner 0 serves `stream`.
         self.runners: list[DecodeRunner] = [self._new_runner()]
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))

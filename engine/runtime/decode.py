@@ -186,18 +186,17 @@ class RecomputeRunner(DecodeRunner):
 
 def runner_factory(session: Any, spec: IOSpec, context_length: int,
                    max_runners: int, device: DeviceOptions | None = None,
-                   may_grow: Callable[[int], bool] | None = None,
-                   huge_pages: bool = False) -> Callable[[], DecodeRunner]:
+                   may_grow: Callable[[int], bool] | None = None
+                   ) -> Callable[[], DecodeRunner]:
     """A maker of up to `max_runners` runners on one session. Shared-buffer runners are rows
     of one KV bank, so their decode steps can run as one batch; with `device` they are
     single sequences whose KV stays on that device (engine.decode_device). `may_grow`
-    (bytes -> bool) lets the bank grow with headroom where memory allows; `huge_pages`
-    maps its buffers on huge pages."""
+    (bytes -> bool) lets the bank grow with headroom where memory allows."""
     if spec.decode_path == "shared_buffer" and device is not None:
         return lambda: DeviceRunner(session, spec, context_length, device)
     if spec.decode_path == "shared_buffer":
         return KVBank(session, spec, context_length, max_rows=max_runners,
-                      may_grow=may_grow, huge_pages=huge_pages).add_runner
+                      may_grow=may_grow).add_runner
     kinds: dict[str, type[DecodeRunner]] = {
         "growing": GrowingRunner, "static_cache": StaticCacheRunner,
         "recompute": RecomputeRunner}

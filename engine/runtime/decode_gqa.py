@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from engine.model.io_spec import IOSpec
-from engine.runtime.hugepages import huge_zeros
 from engine.runtime.runner import GROW_STEP, DecodeRunner, bind_array
 
 
@@ -30,12 +29,8 @@ class KVBank:
     HEADROOM = 0.25
 
     def __init__(self, session: Any, spec: IOSpec, context_length: int, max_rows: int,
-                 may_grow: Callable[[int], bool] | None = None,
-                 huge_pages: bool = False) -> None:
+                 may_grow: Callable[[int], bool] | None = None) -> None:
         self.session = session
-        #: Map the buffers on huge pages (engine.runtime.hugepages.huge_zeros): a long
-        #: context's KV is read every step, as much of it as the weights.
-        self.huge_pages = huge_pages
         #: Asked before growing by more than needed (bytes beyond the capacity held):
         #: the governor's room. None: never more than needed.
         self.may_grow = may_grow
@@ -98,10 +93,8 @@ class KVBank:
 
     def resize(self, rows: int, cap: int) -> None:
         """Reallocate to `rows` x `cap`, keeping every row's cached tokens."""
-        pairs = self.spec.kv_pairs
-        shapes = [(rows, p.num_heads, cap, p.head_dim) for p in pairs]
-        new = (huge_zeros(shapes, [p.dtype for p in pairs]) if self.huge_pages
-               else [np.zeros(shape, p.dtype) for shape, p in zip(shapes, pairs, strict=True)])
+        new = [np.zeros((rows, p.num_heads, cap, p.head_dim), p.dtype)
+               for p in self.spec.kv_pairs]
         for i, buf in enumerate(new):
             for runner in self.runners[: min(rows, len(self.kv[i]) if self.kv else 0)]:
                 buf[runner.row, :, : runner.length] = self.kv[i][runner.row, :, : runner.length]

@@ -11,14 +11,12 @@ kernel to collapse the large, mostly resident anonymous regions into 2 MiB pages
 it cannot. The engine runs it on a background thread after a load, in the pauses between
 requests (the model is usable at once). Nothing changes numerically.
 
-The KV buffers are ours to allocate, so :func:`huge_zeros` maps them marked
-``MADV_HUGEPAGE`` before they are touched: they fault in as huge pages (no copy), which
-matters once a long context's KV is read every step as much as the weights are (a
-2,000-token prompt's KV on the built-in model is ~90 MB, the int4 weights 86 MB).
-(glibc's ``glibc.malloc.hugetlb=1`` tunable would mark every allocation so, the weights'
-too; measured in bench.peers it made the load and the first request ~300 ms slower, as
-every activation buffer ONNX Runtime allocates then faults in through the kernel's
-direct compaction, so it is not used.)
+Memory is never marked ``MADV_HUGEPAGE`` before it is touched: with the kernel's usual
+``defrag=madvise`` every fault in such memory may enter direct compaction. Measured in
+bench.peers on a quiet machine, glibc's ``glibc.malloc.hugetlb=1`` tunable (which marks
+every allocation) made the load 905 vs 588 ms and the first request after it 836 vs 544 ms,
+and KV buffers mapped so made the first request 805 vs 571 ms; the collapse afterwards, in
+the pauses between requests, costs a request nothing.
 
 Measured in ``bench/README.md`` (decode tok/s with and without).
 """
@@ -27,16 +25,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import mmap
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -114,42 +109,6 @@ def anonymous_regions(maps_text: str, min_bytes: int,
         if end - start >= min_bytes and hi - lo >= HUGE_PAGE:
             regions.append((lo, hi - lo))
     return regions
-
-
-def huge_zeros(shapes: Sequence[tuple[int, ...]],
-               dtypes: Sequence[np.dtype | type | str]) -> list[np.ndarray]:
-    """Zeroed arrays of these shapes and dtypes, side by side in one mapping of their own
-    marked ``MADV_HUGEPAGE`` before anything touches it, so they fault in on 2 MiB pages
-    where the kernel has them (it falls back to 4 KiB pages by itself). One mapping for
-    all: a KV buffer per layer is often under 2 MiB by itself. Plain ``np.zeros`` off
-    Linux, with transparent huge pages off, or below one huge page in all. The memory goes
-    back when every array (and view) is gone."""
-    kinds = [np.dtype(d) for d in dtypes]
-    sizes = [int(np.prod(s, dtype=np.int64)) * k.itemsize for s, k in zip(shapes, kinds,
-                                                                        strict=True)]
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += -(-size // 4096) * 4096  # each array starts on a page
-    if total < HUGE_PAGE or not _thp_usable():
-        return [np.zeros(s, k) for s, k in zip(shapes, kinds, strict=True)]
-    try:
-        mapping = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    except (OSError, AttributeError, ValueError):
-        return [np.zeros(s, k) for s, k in zip(shapes, kinds, strict=True)]
-    return [np.frombuffer(mapping, dtype=k, count=size // k.itemsize, offset=at).reshape(s)
-            for s, k, size, at in zip(shapes, kinds, sizes, offsets, strict=True)]
-
-
-_THP_USABLE: bool | None = None
-
-
-def _thp_usable() -> bool:
-    global _THP_USABLE
-    if _THP_USABLE is None:
-        _THP_USABLE = sys.platform.startswith("linux") and thp_mode() in ("madvise", "always")
-    return _THP_USABLE
 
 
 def anon_huge_bytes() -> int:

@@ -4,13 +4,11 @@ and the advice on this process (a real madvise on real memory)."""
 from __future__ import annotations
 
 import mmap
-import re
 import sys
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from engine import Engine, EngineConfig
@@ -21,7 +19,6 @@ from engine.runtime.hugepages import (
     advise_huge_pages,
     anon_huge_bytes,
     anonymous_regions,
-    huge_zeros,
     thp_mode,
 )
 
@@ -63,7 +60,7 @@ Rss:                4096 kB
 
 
 def test_a_mapping_already_on_huge_pages_is_left_alone() -> None:
-    # (the KV buffers, mapped on huge pages from the start; or THP "always")
+    # (a kernel in THP "always" mode, or khugepaged, got there first)
     smaps = """\
 7f0000000000-7f0004000000 rw-p 00000000 00:00 0
 Size:              65536 kB
@@ -185,46 +182,3 @@ def test_the_collapse_waits_for_a_pause_in_the_requests_not_a_gap_between_two() 
     advice.end()
     assert paused.wait(30)  # a quiet moment is
     advice.wait(30)
-
-
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address` (smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
-        if m:
-            inside = int(m.group(1), 16) <= address < int(m.group(2), 16)
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    return []
-
-
-def test_kv_buffers_are_zeros_in_a_mapping_marked_for_huge_pages() -> None:
-    (small,) = huge_zeros([(3, 4)], [np.float32])  # below one huge page: plain numpy
-    assert small.shape == (3, 4) and not small.any()
-    # a KV buffer per layer, each under 2 MiB (1.5 MiB), in one mapping
-    kv = huge_zeros([(1, 3, 2048, 64)] * 4, ["float32"] * 3 + [np.float16])
-    assert [a.shape for a in kv] == [(1, 3, 2048, 64)] * 4
-    assert [a.dtype for a in kv] == [np.float32] * 3 + [np.float16]
-    assert not any(a.any() for a in kv)
-    for value, array in enumerate(kv):  # writable, and apart
-        array[...] = value
-    assert [float(a.sum(dtype=np.float64)) for a in kv] == [v * kv[0].size for v in range(4)]
-    if sys.platform.startswith("linux") and thp_mode() in ("madvise", "always"):
-        # marked before the first touch: the kernel faults it in on 2 MiB pages where it
-        # has free ones (no copy afterwards, unlike the weights' collapse)
-        assert all("hg" in _vm_flags(a.ctypes.data) for a in kv)
-        assert "hg" not in _vm_flags(small.ctypes.data)
-
-
-def test_the_engine_maps_its_kv_on_huge_pages_unless_told_not_to(genai_model_dir: Path) -> None:
-    from engine.runtime.decode_gqa import SharedBufferRunner
-
-    for wanted in (True, False):
-        engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1,
-                                                           huge_pages=wanted))
-        try:
-            assert isinstance(engine.runner, SharedBufferRunner)
-            assert engine.runner.bank.huge_pages is wanted
-        finally:
-            engine.close()
