@@ -5,10 +5,10 @@ a sequence owns a row. GQA writes the new rows in place (it shares past and pres
 they are the same pointer), the mask's length is the total length and each row's sum is
 that row's own length, so sequences of different lengths decode together in one run:
 concurrent users share one read of the weights. Capacity grows by reallocation, never to
-the whole context up front: to the next step the first time, then by a quarter more where
-the governor has room (an editor's prompt grows a token or two per keystroke, and each
-reallocation copies the whole bank: with exact steps, one completion in ten paid ~60 ms
-for it on a 2,000-token file).
+the whole context up front: to what the request needs plus an eighth, or a quarter more
+than it held, where the governor has room (an editor's prompt grows a token or two per
+keystroke, and each reallocation copies the whole bank: with exact steps, one completion
+in ten paid ~60 ms for it on a 2,000-token file).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from engine.runtime.runner import GROW_STEP, DecodeRunner, bind_array
 class KVBank:
     """The KV buffers of up to `max_rows` sequences of one model."""
 
-    #: Growth beyond the exact step, as a fraction of the capacity held.
+    #: Growth beyond the exact step: to a quarter more than the capacity held, and at
+    #: least an eighth more than the request needs (so an editor's first completion on a
+    #: file leaves room for the next keystrokes' prompts).
     HEADROOM = 0.25
 
     def __init__(self, session: Any, spec: IOSpec, context_length: int, max_rows: int,
@@ -84,8 +86,8 @@ class KVBank:
     def reserve(self, total_tokens: int) -> None:
         if total_tokens > self.cap:
             target = min(-(-total_tokens // GROW_STEP) * GROW_STEP, self.context_length)
-            roomy = min(-(-int(self.cap * (1 + self.HEADROOM)) // GROW_STEP) * GROW_STEP,
-                        self.context_length)
+            want = max(self.cap * (1 + self.HEADROOM), target * (1 + self.HEADROOM / 2))
+            roomy = min(-(-int(want) // GROW_STEP) * GROW_STEP, self.context_length)
             if roomy > target and self.may_grow is not None and self.may_grow(
                     len(self.runners) * (roomy - self.cap) * self.spec.kv_bytes_per_token):
                 target = roomy
