@@ -74,16 +74,20 @@ AnonHugePages:      4096 kB
     assert anonymous_regions(smaps, 8 * MIB) == [(0x7F1000000000, 64 * MIB)]
 
 
-def _fresh_buffer() -> mmap.mmap:
+def _fresh_buffer(collapsible: bool = True) -> mmap.mmap:
     """64 MiB of private anonymous memory, touched (resident on 4 KiB pages), in a mapping
     of its own: never advised before (malloc could hand out heap an earlier test's
-    engine already put on huge pages, and the advice skips what is huge already)."""
+    engine already put on huge pages, and the advice skips what is huge already). Not
+    `collapsible`: left MADV_NOHUGEPAGE, so nothing else collapses it meanwhile (an
+    earlier test's engine collapsing in the background, or khugepaged); the advice then
+    finds it small, fails to collapse it, and marks it for khugepaged instead."""
     buffer = mmap.mmap(-1, 64 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     # faulted in on 4 KiB pages whatever the kernel's defaults (some fault fresh memory in
-    # on 2 MiB pages where it lands on a huge-page boundary), then made eligible again
+    # on 2 MiB pages where it lands on a huge-page boundary)
     buffer.madvise(mmap.MADV_NOHUGEPAGE)
     buffer[:: 4096] = b"x" * len(buffer[:: 4096])
-    buffer.madvise(mmap.MADV_HUGEPAGE)
+    if collapsible:
+        buffer.madvise(mmap.MADV_HUGEPAGE)
     return buffer
 
 
@@ -128,7 +132,7 @@ def test_the_collapse_waits_between_slices_while_a_request_runs() -> None:
     # right after a load would share two cores with the kernel's copying otherwise).
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
-    buffer = _fresh_buffer()
+    buffer = _fresh_buffer(collapsible=False)
     gate, reached = threading.Event(), threading.Event()
     slices = []
 
