@@ -3,6 +3,7 @@ and the advice on this process (a real madvise on real memory)."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import sys
 import threading
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import engine.runtime.hugepages as hugepages
 from engine import Engine, EngineConfig
 from engine.runtime.hugepages import (
     HUGE_PAGE,
@@ -127,12 +129,20 @@ def test_the_engine_reports_what_it_did_and_can_be_told_not_to(genai_model_dir: 
         off.close()
 
 
-def test_the_collapse_waits_between_slices_while_a_request_runs() -> None:
+def test_the_collapse_waits_between_slices_while_a_request_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # The engine pauses the background collapse while a request runs (a first request
     # right after a load would share two cores with the kernel's copying otherwise).
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
     buffer = _fresh_buffer(collapsible=False)
+    # The walk of smaps is tested above; here the regions are this buffer alone, so what
+    # else the kernel (or an earlier test's engine) did to the process meanwhile cannot
+    # leave the advice nothing to slice.
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    monkeypatch.setattr(hugepages, "anonymous_regions",
+                        lambda *args, **kwargs: [(start, 60 * MIB)])
     gate, reached = threading.Event(), threading.Event()
     slices = []
 
