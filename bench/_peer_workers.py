@@ -126,27 +126,33 @@ def ours_streams(model: Path, prompts: list[list[int]], new_tokens: int,
             "streams": len(prompts)}
 
 
+def _og_generate(og_model: Any, batch: list[list[int]], n: int) -> tuple[float, float, float]:
+    """`n` greedy tokens after each prompt of `batch` (same length) in one onnxruntime-genai
+    generator; perf_counter at the start, at the first token and at the last."""
+    import onnxruntime_genai as og
+
+    start = time.perf_counter()
+    params = og.GeneratorParams(og_model)
+    total = len(batch[0]) + n
+    params.set_search_options(max_length=total, min_length=total, do_sample=False,
+                              batch_size=len(batch))
+    gen = og.Generator(og_model, params)
+    gen.append_tokens(np.asarray(batch, dtype=np.int32))
+    gen.generate_next_token()
+    first = time.perf_counter()
+    for _ in range(n - 1):
+        gen.generate_next_token()
+    return start, first, time.perf_counter()
+
+
 def og_streams(model: Path, prompts: list[list[int]], new_tokens: int,
                threads: int) -> dict[str, Any]:
     """onnxruntime-genai's static batch: the prompts (same length) in one generator."""
-    import onnxruntime_genai as og
-
     og_model = _og_model(model, threads)
 
     def rate(batch: list[list[int]], n: int) -> tuple[float, float]:
         """(tok/s after the first token, tok/s from the start, prefill included)."""
-        start = time.perf_counter()
-        params = og.GeneratorParams(og_model)
-        total = len(batch[0]) + n
-        params.set_search_options(max_length=total, min_length=total, do_sample=False,
-                                  batch_size=len(batch))
-        gen = og.Generator(og_model, params)
-        gen.append_tokens(np.asarray(batch, dtype=np.int32))
-        gen.generate_next_token()
-        first = time.perf_counter()
-        for _ in range(n - 1):
-            gen.generate_next_token()
-        end = time.perf_counter()
+        start, first, end = _og_generate(og_model, batch, n)
         return len(batch) * (n - 1) / (end - first), len(batch) * n / (end - start)
 
     rate([prompts[0][:8]], 8)  # warm-up
@@ -162,21 +168,9 @@ def first_request(model: Path, ids: list[int], n: int, threads: int,
     in the requests), ``first-4k`` has no huge pages, ``first-og`` is onnxruntime-genai."""
     t0 = time.perf_counter()
     if arm == "first-og":
-        import onnxruntime_genai as og
-
         og_model = _og_model(model, threads)
         load_ms = (time.perf_counter() - t0) * 1e3
-        start = time.perf_counter()
-        params = og.GeneratorParams(og_model)
-        params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + n,
-                                  do_sample=False)
-        gen = og.Generator(og_model, params)
-        gen.append_tokens(np.asarray(ids, dtype=np.int32))
-        gen.generate_next_token()
-        first = time.perf_counter()
-        for _ in range(n - 1):
-            gen.generate_next_token()
-        last = time.perf_counter()
+        start, first, last = _og_generate(og_model, [ids], n)
         return {"ttft_ms": (first - start) * 1e3, "load_ms": load_ms,
                 "decode_tok_s": (n - 1) / (last - first)}
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest

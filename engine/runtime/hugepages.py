@@ -222,10 +222,6 @@ class BackgroundAdvice:
                 self._idle.set()
         self._go.set()
 
-    def start_now(self) -> None:
-        """Start the collapse without waiting for a quiet moment."""
-        self._go.set()
-
     def _pause(self) -> None:
         """Return once no request has run for ``quiet_s`` (or patience ran out)."""
         while True:
