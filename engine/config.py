@@ -218,6 +218,9 @@ class EngineConfig:
     #: Linux: back the loaded weights with transparent huge pages (engine.hugepages);
     #: decode on the CPU reads every weight per token (bench/README.md has the gain).
     huge_pages: bool = True
+    #: CPU: a prefill computes the LM head for its last position only, not every prompt
+    #: token (engine.model.graph_passes; the same logits, bench/README.md has the gain).
+    prune_logits: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

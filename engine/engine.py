@@ -53,6 +53,7 @@ from engine.runtime.providers import (
     SessionInfo,
     available_providers,
     provider_from_env,
+    pruned_graph,
 )
 from engine.runtime.runner import DecodeRunner
 from engine.scheduler import Scheduler
@@ -141,8 +142,9 @@ class Engine:
             parse_limit(config.vram_limit, field="vram_limit"))
         if placement.reason:
             log.warning("%s", placement.reason)
+        graph, spec = pruned_graph(model.model_file, spec, config, placement.provider)
         session, info, capture = open_session(model.model_file, config, placement,
-                                              spec.decode_path)
+                                              spec.decode_path, graph)
         engine = cls(model, tokenizer, session, info, spec, config, graph_capture=capture)
         engine.placement_reason = placement.reason
         engine.declared_head = head

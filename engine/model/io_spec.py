@@ -92,6 +92,9 @@ class IOSpec:
     static_max_len: int | None
     #: Why the roles were guessed from names, when they were.
     convention_warnings: tuple[str, ...] = ()
+    #: The int64 `[1]` input that asks for the last N positions' logits only, where the
+    #: engine added one at load (engine.model.graph_passes); None = every position's.
+    logits_to_keep: str | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -108,6 +111,7 @@ class IOSpec:
             "position_ids": self.position_ids,
             "logits": self.logits,
             "logits_last_only": self.logits_last_only,
+            "logits_to_keep": self.logits_to_keep,
             "vocab_size": self.vocab_size,
             "decode_path": self.decode_path,
             "static_max_len": self.static_max_len,

@@ -74,6 +74,8 @@ class _Reader:
         self.buf = buf
         self.pos = start
         self.end = len(buf) if end is None else end
+        #: Where the field `fields()` last yielded starts (its key), for byte-level edits.
+        self.field_start = start
 
     def varint(self) -> int:
         result = shift = 0
@@ -92,6 +94,7 @@ class _Reader:
     def fields(self):  # type: ignore[no-untyped-def]
         """Yield (field number, wire type, value or (start, end) for length-delimited)."""
         while self.pos < self.end:
+            self.field_start = self.pos
             key = self.varint()
             number, wire = key >> 3, key & 7
             if wire == 0:

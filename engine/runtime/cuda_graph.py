@@ -115,7 +115,8 @@ def graph_provider_options(capture: GraphCapture) -> dict[str, str]:
 
 
 def open_session(model_file: Path, config: EngineConfig, placement: Placement,
-                 decode_path: str) -> tuple[Any, SessionInfo, GraphCapture]:
+                 decode_path: str, graph: bytes | None = None
+                 ) -> tuple[Any, SessionInfo, GraphCapture]:
     """The model's session, with CUDA graph capture when asked for and safe; a session ONNX
     Runtime will not build with capture is rebuilt without it (the reason is kept)."""
     provider = placement.provider if placement.provider != "auto" else "cpu"
@@ -127,13 +128,13 @@ def open_session(model_file: Path, config: EngineConfig, placement: Placement,
         options = {**placement.provider_options, **graph_provider_options(capture)}
         try:
             session, info = make_session(model_file, config, provider=placement.provider,
-                                         provider_options=options)
+                                         provider_options=options, graph=graph)
             return session, info, capture
         except (ModelLoadError, RuntimeSelectionError) as exc:
             capture = capture.failed(str(exc))
             log.warning("%s", capture.reason)
     session, info = make_session(model_file, config, provider=placement.provider,
-                                 provider_options=placement.provider_options)
+                                 provider_options=placement.provider_options, graph=graph)
     return session, info, capture
 
 

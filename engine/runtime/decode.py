@@ -82,7 +82,7 @@ class GrowingRunner(DecodeRunner):
         for pair, value in zip(self.spec.kv_pairs, self._past, strict=True):
             b.bind_ortvalue_input(pair.input, value)
             b.bind_output(pair.output, "cpu")
-        rows = 1 if self.spec.logits_last_only else n
+        rows = self._logit_rows(b, n)
         logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
         b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
                       logits.ctypes.data)
@@ -148,7 +148,7 @@ class StaticCacheRunner(DecodeRunner):
             bind_array(b, pair.input, past, past.shape)
             b.bind_output(pair.output, "cpu", 0, present.dtype, list(present.shape),
                           present.ctypes.data)
-        rows = 1 if self.spec.logits_last_only else n
+        rows = self._logit_rows(b, n)
         logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
         b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype, [1, rows, self._vocab],
                       logits.ctypes.data)
@@ -176,6 +176,8 @@ class RecomputeRunner(DecodeRunner):
             feeds[self.spec.attention_mask] = np.ones((1, total), dtype=np.int64)
         if self.spec.position_ids:
             feeds[self.spec.position_ids] = np.arange(total, dtype=np.int64)[None]
+        if self.spec.logits_to_keep:
+            feeds[self.spec.logits_to_keep] = np.array([n if self._all_logits else 1])
         if self.hidden_output is None:
             (logits,) = self.session.run([self.spec.logits], feeds)
         else:

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.errors import ContextOverflowError
 from engine.model.io_spec import IOSpec
-from engine.runtime.runner import GROW_STEP, DecodeRunner, DeviceOptions
+from engine.runtime.runner import GROW_STEP, DecodeRunner, DeviceOptions, bind_array
 
 #: Capacity preallocated for a captured graph when `kv_max_len` does not say (the seed's).
 DEFAULT_STATIC_CAPACITY = 4096
@@ -98,6 +98,7 @@ class DeviceRunner(DecodeRunner):
         self._argmax = DeviceArgMax(session.get_providers(), spec.logits_dtype, options)
         self._step = session.io_binding()
         self._multi = session.io_binding()
+        self._keep_step = np.ones(1, dtype=np.int64)  # logits_to_keep of a single-token step
         self._step_opts = ort.RunOptions()
         self._multi_opts = ort.RunOptions()
         if options.graph:
@@ -153,6 +154,8 @@ class DeviceRunner(DecodeRunner):
         if self.spec.position_ids:
             b.bind_ortvalue_input(self.spec.position_ids, self._pos)
         b.bind_ortvalue_output(self.spec.logits, self._logits)
+        if self.spec.logits_to_keep:  # a host input: the rewrite is made on the CPU only
+            bind_array(b, self.spec.logits_to_keep, self._keep_step, (1,))
         if self.spec.attention_mask and self.options.static_shapes:
             b.bind_ortvalue_input(self.spec.attention_mask, self._mask)
         self._bind_hidden(b, 1)
@@ -252,7 +255,7 @@ class DeviceRunner(DecodeRunner):
         if self.spec.position_ids:
             pos = np.arange(self.length, total, dtype=np.int64).reshape(1, n)
             b.bind_ortvalue_input(self.spec.position_ids, self._device_value(pos))
-        rows = 1 if self.spec.logits_last_only else n
+        rows = self._logit_rows(b, n)
         logits = self._value.ortvalue_from_shape_and_type(
             [1, rows, self._vocab], self._logits_dtype, self.options.device,
             self.options.device_id)

@@ -48,6 +48,7 @@ class KVBank:
         vocab = spec.vocab_size
         self._logits_dtype = np.float16 if spec.logits_dtype == "float16" else np.float32
         self._ids = np.zeros((max_rows, 1), dtype=np.int64)
+        self._keep_one = np.ones(1, dtype=np.int64)  # logits_to_keep of a decode step
         self._logits = np.empty((max_rows, 1, vocab), dtype=self._logits_dtype)
         self._arange = np.arange(context_length, dtype=np.int64)
         # rows x total, contiguous at the front of one buffer whose address is resolved once
@@ -126,6 +127,8 @@ class KVBank:
                 bind_array(b, pair.input, buf, shape)
                 b.bind_output(pair.output, "cpu", 0, buf.dtype, list(shape), buf.ctypes.data)
             bind_array(b, self.spec.input_ids, self._ids, (hi, 1))
+            if self.spec.logits_to_keep:
+                bind_array(b, self.spec.logits_to_keep, self._keep_one, (1,))
             b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
                           [hi, 1, self.spec.vocab_size], self._logits.ctypes.data)
             self._bound = (hi, self.generation)
@@ -201,6 +204,7 @@ class SharedBufferRunner(DecodeRunner):
         if n == 1:
             if not self._step_bound:
                 bind_array(b, self.spec.input_ids, self._step_ids, (1, 1))
+                self._logit_rows(b, 1)
                 b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,
                               [1, 1, self._vocab], self._step_logits.ctypes.data)
                 self._bind_hidden(b, 1)  # one buffer for every single-token step
@@ -209,7 +213,7 @@ class SharedBufferRunner(DecodeRunner):
             logits = self._step_logits
         else:
             ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(1, n)
-            rows = 1 if self.spec.logits_last_only else n
+            rows = self._logit_rows(b, n)
             logits = np.empty((1, rows, self._vocab), dtype=self._logits_dtype)
             bind_array(b, self.spec.input_ids, ids, (1, n))
             b.bind_output(self.spec.logits, "cpu", 0, self._logits_dtype,

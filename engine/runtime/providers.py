@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -13,6 +14,8 @@ import psutil
 
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError, RuntimeSelectionError
+from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits
+from engine.model.io_spec import IOSpec
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +110,11 @@ def available_providers() -> list[str]:
 
 
 def make_session(model_file: Path, config: EngineConfig, *, provider: str | None = None,
-                 provider_options: dict[str, str] | None = None) -> tuple[Any, SessionInfo]:
-    """An ORT session; `provider` (after placement) overrides the configured one."""
+                 provider_options: dict[str, str] | None = None,
+                 graph: bytes | None = None) -> tuple[Any, SessionInfo]:
+    """An ORT session; `provider` (after placement) overrides the configured one. `graph`
+    is the model rewritten at load (engine.model.graph_passes): ONNX Runtime builds it
+    instead of the file, with the weights still read from the file's folder."""
     import onnxruntime as ort
 
     requested = provider or provider_from_env(config.provider)
@@ -128,8 +134,12 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
         if spin:  # a bounded spin keeps ops fast inside a run yet idles within `spin` µs
             options.add_session_config_entry(f"session.{pool}.spin_duration_us", str(spin))
     options.log_severity_level = 3
+    if graph is not None:
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(model_file.parent))
     try:
-        session = ort.InferenceSession(str(model_file), options, providers=providers)
+        session = ort.InferenceSession(graph if graph is not None else str(model_file),
+                                       options, providers=providers)
     except Exception as exc:  # ORT raises several unrelated types for a bad graph
         other = "cpu" if requested != "cpu" else "cuda (install the 'cuda' extra)"
         raise ModelLoadError(
@@ -143,3 +153,18 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
             hint="check the GPU driver and CUDA/cuDNN libraries, or use --provider cpu")
     short = {v: k for k, v in _PROVIDER_NAMES.items()}.get(active, active)
     return session, SessionInfo(provider=short, threads=threads)
+
+
+def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str
+                 ) -> tuple[bytes | None, IOSpec]:
+    """The model rewritten so a prefill computes the logits it needs only
+    (engine.model.graph_passes), with the spec that binds its new input; (None, spec)
+    when turned off, not on the CPU only (the new input is a host tensor, untried inside
+    a captured CUDA graph), or not applicable to this graph."""
+    on_cpu = choose_providers(provider, available_providers()) == ["CPUExecutionProvider"]
+    if not config.prune_logits or not on_cpu:
+        return None, spec
+    graph = keep_last_logits(model_file.read_bytes(), spec.logits)
+    if graph is None:
+        return None, spec
+    return graph, dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)

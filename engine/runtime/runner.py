@@ -56,10 +56,24 @@ class DecodeRunner(ABC):
         self._hidden_size = 0
         #: `[n, hidden]` rows of the last forward when `hidden_output` is set.
         self.last_hidden: np.ndarray | None = None
+        self._keep = np.ones(1, dtype=np.int64)  # the graph's logits_to_keep, bound by pointer
+        self._all_logits = False
 
     def track_hidden(self, name: str, size: int) -> None:
         """Fetch the graph output `name` (`[1, n, size]` float32) with every forward."""
         self.hidden_output, self._hidden_size = name, size
+
+    def _logit_rows(self, binding: Any, n: int) -> int:
+        """Rows of logits a run of `n` tokens returns: the last only where the graph is
+        pruned to it, or where it takes `logits_to_keep` and the caller wants the last
+        (then the input is bound here); `n` otherwise."""
+        if self.spec.logits_last_only:
+            return 1
+        if self.spec.logits_to_keep is None:
+            return n
+        self._keep[0] = n if self._all_logits else 1
+        bind_array(binding, self.spec.logits_to_keep, self._keep, (1,))
+        return int(self._keep[0])
 
     def _bind_hidden(self, binding: Any, n: int) -> None:
         """Bind a fresh `[1, n, hidden]` buffer as the hidden output (when tracked)."""
@@ -106,6 +120,7 @@ class DecodeRunner(ABC):
                 f"{self.context_length}", hint="the generation loop must stop at the context")
         if all_logits and self.spec.logits_last_only and n > 1:
             raise ValueError("this graph outputs last-token logits only")
+        self._all_logits = all_logits
         logits = self._run(token_ids, n)
         self.length += n
         self.tokens.extend(token_ids.tolist())

@@ -100,7 +100,8 @@ def test_capture_refused_by_ort_falls_back_to_eager_with_the_reason(
     """A session ONNX Runtime will not build with capture is rebuilt without it."""
     calls = []
 
-    def fake_make_session(model_file, config, *, provider=None, provider_options=None):
+    def fake_make_session(model_file, config, *, provider=None, provider_options=None,
+                          graph=None):
         calls.append(dict(provider_options or {}))
         if (provider_options or {}).get("enable_cuda_graph") == "1":
             raise ModelLoadError("all compute graph nodes have not been partitioned")
