@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -122,7 +123,7 @@ def _graph(*, after_head: str | None = None, head_output_too: bool = False,
         nodes.append(helper.make_node("MatMul", [head_in, weight], ["logits"]))
     else:
         nodes.append(helper.make_node("MatMul", [head_in, weight], ["scores"]))
-        attrs = {"axis": -1} if after_head == "Softmax" else {}
+        attrs: dict[str, Any] = {"axis": -1} if after_head == "Softmax" else {}
         if after_head == "Cast":
             attrs = {"to": TensorProto.FLOAT}
         nodes.append(helper.make_node(after_head, ["scores"], ["logits"], **attrs))
