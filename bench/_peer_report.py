@@ -72,6 +72,21 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
               + ", ".join(_fmt(row[e]["control_decode"], 3) for e in ("ours", "og", "llama"))
               + " | " + " / ".join(_fmt(row[e]["first_ttft_ms"]) for e in ("ours", "og", "llama"))
               + " |")
+    rows_arm = [r for r in runs if r["kind"] == "decode" and r["arm"] == "ours-rows"]
+    if rows_arm:
+        print("\n| prompt | prefill tok/s ours (last row's logits) / ours-rows (every row's, "
+              "as exported) | ratio | first TTFT ms ours / ours-rows |")
+        print("|---|---|---|---|")
+        for n in lens:
+            alone = [r for r in rows_arm if r["prompt_len"] == n]
+            rows_pf = _best(_vals(alone, "prefill_tok_s"))
+            ttft = _best(_vals(alone, "first_ttft_ms"), lowest=True)
+            row = out[str(n)]
+            row["ours-rows"] = {"prefill_tok_s": rows_pf, "first_ttft_ms": ttft}
+            row["prefill_tok_s_ours/ours-rows"] = _ratio(row["ours"]["prefill_tok_s"], rows_pf)
+            print(f"| {n} | {_fmt(row['ours']['prefill_tok_s'])} / {_fmt(rows_pf)} | "
+                  f"{_fmt(row['prefill_tok_s_ours/ours-rows'], 2)} | "
+                  f"{_fmt(row['ours']['first_ttft_ms'])} / {_fmt(ttft)} |")
     print("\n| prompt | peak RSS MiB ours / og / llama.cpp | idle CPU s/s (median) |")
     print("|---|---|---|")
     for n in lens:

@@ -19,6 +19,10 @@ import numpy as np
 from bench import _workers
 from bench._peer_llama import common_prefix
 
+#: ours with the LM head run for every prompt row, as exported (EngineConfig.prune_logits
+#: off): what computing the last row's logits only gains, in the same run
+ALL_ROWS_ARM = "ours-rows"
+
 
 def ours_fim(model: Path, prompts: list[list[int]], new_tokens: int,
              threads: int, settle: bool = True) -> dict[str, Any]:
@@ -201,7 +205,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         else:
             mode = "prompt_lookup" if job.get("lookup") else "none"
             out = _workers.run_ours(model, ids, data["warmup"], n, threads, spin=True,
-                                    speculative_mode=mode, idle_s=job.get("idle_s", 0.0))
+                                    speculative_mode=mode, idle_s=job.get("idle_s", 0.0),
+                                    prune_logits=job["arm"] != ALL_ROWS_ARM)
     elif kind == "first":
         out = first_request(model, data["decode"][str(job["prompt_len"])], 32, threads,
                             job["arm"])

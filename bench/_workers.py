@@ -73,7 +73,8 @@ def model_vocab(model: Path) -> int:
 
 def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
              threads: int, spin: bool, speculative_mode: str = "none",
-             huge_pages: bool = True, idle_s: float = 0.0) -> dict[str, Any]:
+             huge_pages: bool = True, idle_s: float = 0.0,
+             prune_logits: bool = True) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
     # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` never
@@ -82,6 +83,8 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
     # huge-page advice gains.
     knob: dict[str, Any] = {} if spin else {"spin_duration_us": 0}
     knob["huge_pages"] = huge_pages
+    # prune_logits off: the LM head runs for every prompt row, as the graph was exported
+    knob["prune_logits"] = prune_logits
     t0 = time.perf_counter()
     eng = Engine.load(model, EngineConfig(intra_op_threads=threads, **knob))
     load_ms = (time.perf_counter() - t0) * 1e3

@@ -53,6 +53,7 @@ if str(REPO) not in sys.path:
 
 from bench import _workers  # noqa: E402
 from bench._fresh import run_worker  # noqa: E402
+from bench._peer_workers import ALL_ROWS_ARM  # noqa: E402
 from bench.speculative import EDIT_SOURCES  # noqa: E402
 
 OUT = REPO / "bench" / "out"
@@ -222,7 +223,8 @@ def jobs_for(workloads: list[str], prompt_lens: list[int]) -> list[dict[str, Any
     arms = [e + suffix for e in ENGINES for suffix in ("", "2")]
     jobs: list[dict[str, Any]] = []
     if "decode" in workloads:
-        jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens for a in arms]
+        jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens
+                 for a in [*arms, ALL_ROWS_ARM]]
     if "first" in workloads:
         jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens[1:2]
                  for a in FIRST_ARMS]
