@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.model import onnx_proto as proto
-from engine.model.onnx_scan import Node, ScanError, _Reader, _scan_node, _scan_value_info
+from engine.model.onnx_scan import Node, ScanError, _Reader, _scan_value_info
 
 LOGITS_TO_KEEP = "logits_to_keep"
 _PREFIX = "/engine/logits_to_keep"
@@ -63,7 +63,7 @@ def _read_graph(view: memoryview) -> _Graph:
         if wire != 2:
             continue
         if number == 1:
-            graph.nodes.append(_GraphNode(_scan_node(r, value), start, r.pos))
+            graph.nodes.append(_GraphNode(_node_io(r, value), start, r.pos))
         elif number == 5:
             name = next((r.text(v) for n, w, v in r.sub(value).fields() if n == 8 and w == 2),
                         "")
@@ -75,6 +75,19 @@ def _read_graph(view: memoryview) -> _Graph:
             else:
                 graph.outputs[info.name] = info.shape
     return graph
+
+
+def _node_io(r: _Reader, span: tuple[int, int]) -> Node:
+    """A node's type, inputs and outputs (its attributes are skipped, unread)."""
+    node = Node()
+    for n, w, v in r.sub(span).fields():
+        if w == 2 and n == 1:
+            node.inputs.append(r.text(v))
+        elif w == 2 and n == 2:
+            node.outputs.append(r.text(v))
+        elif w == 2 and n == 4:
+            node.op_type = r.text(v)
+    return node
 
 
 def _dynamic(graph: _Graph) -> set[str]:
