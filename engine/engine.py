@@ -401,6 +401,8 @@ class Engine:
                 "placement_reason": self.placement_reason,
                 "threads": self.session_info.threads, "decode_path": self.decode_path,
                 "context_length": self.context_length,
+                # the input asking for the last rows' logits only (engine.model.graph_passes)
+                "logits_to_keep": self.spec.logits_to_keep,
                 **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe(),

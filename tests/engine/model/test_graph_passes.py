@@ -41,7 +41,8 @@ def test_the_engine_returns_each_positions_logits_as_the_unchanged_graph_does(fi
     pruned = Engine.load(model_dir, EngineConfig(intra_op_threads=1))
     plain = Engine.load(model_dir, EngineConfig(intra_op_threads=1, prune_logits=False))
     assert pruned.spec.logits_to_keep == LOGITS_TO_KEEP  # rewritten at load
-    assert plain.spec.logits_to_keep is None
+    assert pruned.describe()["logits_to_keep"] == LOGITS_TO_KEEP
+    assert plain.spec.logits_to_keep is None and plain.describe()["logits_to_keep"] is None
     ids = [5 + (7 * i) % 50 for i in range(23)]
     got, want = _calls(pruned, ids), _calls(plain, ids)
     assert [a.shape for a in got] == [b.shape for b in want]
