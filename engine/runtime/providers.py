@@ -159,8 +159,8 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
                  ) -> tuple[bytes | None, IOSpec]:
     """The model rewritten so a prefill computes the logits it needs only
     (engine.model.graph_passes), with the spec that binds its new input; (None, spec)
-    when turned off, not on the CPU only (the new input is a host tensor, untried inside
-    a captured CUDA graph), or not applicable to this graph."""
+    when turned off, when a GPU provider may run it (the new input is a host tensor,
+    untried inside a captured CUDA graph), or when the graph does not allow it."""
     on_cpu = choose_providers(provider, available_providers()) == ["CPUExecutionProvider"]
     if not config.prune_logits or not on_cpu:
         return None, spec
