@@ -18,6 +18,7 @@ that name) is left as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,8 @@ class _Graph:
     inputs: set[str] = field(default_factory=set)
     outputs: dict[str, list[int | str | None]] = field(default_factory=dict)
     initializers: set[str] = field(default_factory=set)
+    #: Small int64 initializers' values (shapes, axes), to check a Reshape keeps the rows.
+    ints: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _read_graph(view: memoryview) -> _Graph:
@@ -65,9 +68,10 @@ def _read_graph(view: memoryview) -> _Graph:
         if number == 1:
             graph.nodes.append(_GraphNode(_node_io(r, value), start, r.pos))
         elif number == 5:
-            name = next((r.text(v) for n, w, v in r.sub(value).fields() if n == 8 and w == 2),
-                        "")
+            name, values = _small_ints(r, value)
             graph.initializers.add(name)
+            if values is not None:
+                graph.ints[name] = values
         elif number in (11, 12):
             info = _scan_value_info(r.sub(value))
             if number == 11:
@@ -75,6 +79,22 @@ def _read_graph(view: memoryview) -> _Graph:
             else:
                 graph.outputs[info.name] = info.shape
     return graph
+
+
+def _small_ints(r: _Reader, span: tuple[int, int]) -> tuple[str, list[int] | None]:
+    """A TensorProto's name, and its values when it is an int64 tensor of up to 8 held
+    inline as raw data."""
+    name, elem, raw = "", 0, None
+    for n, w, v in r.sub(span).fields():
+        if n == 8 and w == 2:
+            name = r.text(v)
+        elif n == 2 and w == 0:
+            elem = v
+        elif n == 9 and w == 2 and v[1] - v[0] <= 64:
+            raw = bytes(r.buf[v[0]:v[1]])
+    if elem != proto.INT64 or raw is None or len(raw) % 8:
+        return name, None
+    return name, np.frombuffer(raw, dtype="<i8").tolist()
 
 
 def _node_io(r: _Reader, span: tuple[int, int]) -> Node:
@@ -104,28 +124,70 @@ def _dynamic(graph: _Graph) -> set[str]:
     return dynamic
 
 
-def _find_head(graph: _Graph, logits: str) -> _GraphNode | None:
-    """The node whose first input may be sliced so `logits` keeps the last rows only."""
+def _find_head(graph: _Graph, logits: str) -> tuple[str, list[_GraphNode]] | None:
+    """The tensor to slice so `logits` keeps the last rows only, and the nodes that read it
+    for the head (its MatMul, and the block sums of an offset-corrected int4 head)."""
     producer = {o: g for g in graph.nodes for o in g.node.outputs if o}
     consumers: dict[str, int] = {}
     for g in graph.nodes:
         for i in g.node.inputs:
             consumers[i] = consumers.get(i, 0) + 1
     dynamic = _dynamic(graph)
+
+    def only_reader(tensor: str) -> bool:
+        return consumers.get(tensor, 0) == 1 and tensor not in graph.outputs
+
+    def head(tensor: str) -> _GraphNode | None:
+        node = producer.get(tensor)
+        if node is None or node.node.op_type not in _HEADS:
+            return None
+        moving = [i for i in node.node.inputs if i in dynamic]
+        return node if len(moving) == 1 and moving == node.node.inputs[:1] else None
+
     tensor = logits
     while True:
-        found = producer.get(tensor)
-        if found is None:
+        found = head(tensor)
+        if found is not None:
+            return found.node.inputs[0], [found]
+        step = producer.get(tensor)
+        if step is None:
             return None
-        g = found
-        moving = [i for i in g.node.inputs if i in dynamic]
-        if g.node.op_type in _HEADS:
-            return g if moving == g.node.inputs[:1] and len(moving) == 1 else None
-        if g.node.op_type not in _POSITIONWISE or len(moving) != 1:
+        moving = [i for i in step.node.inputs if i in dynamic]
+        if step.node.op_type == "Add" and len(moving) == 2:
+            return _offset_corrected(graph, step, producer, dynamic, head, only_reader)
+        if step.node.op_type not in _POSITIONWISE or len(moving) != 1:
             return None
         tensor = moving[0]  # the row-wise op's other inputs are constants (broadcast)
-        if consumers.get(tensor, 0) != 1 or tensor in graph.outputs:
+        if not only_reader(tensor):
             return None  # someone else reads the unsliced tensor
+
+
+def _offset_corrected(graph: _Graph, add: _GraphNode, producer: dict[str, _GraphNode],
+                      dynamic: set[str], head: Callable[[str], _GraphNode | None],
+                      only_reader: Callable[[str], bool]
+                      ) -> tuple[str, list[_GraphNode]] | None:
+    """`Add(MatMulNBits(x), MatMul(block_sums(x), offsets))`: an int4 head whose blocks
+    carry an offset (GGUF Q4_1 / K-quant mins, tools/gguf_exact.py). The block sums are a
+    `Reshape(x, [0, 0, blocks, block])` and a `ReduceSum` over the last axis: row-wise."""
+    for y, extra in (add.node.inputs, add.node.inputs[::-1]):
+        matmul, corr = head(y), producer.get(extra)
+        if matmul is None or corr is None or corr.node.op_type != "MatMul" \
+                or corr.node.inputs[1] in dynamic:
+            continue
+        x = matmul.node.inputs[0]
+        sums = producer.get(corr.node.inputs[0])
+        if sums is None or sums.node.op_type != "ReduceSum" or len(sums.node.inputs) < 2 \
+                or graph.ints.get(sums.node.inputs[1]) not in ([-1], [3]):
+            continue
+        blocks = producer.get(sums.node.inputs[0])
+        if blocks is None or blocks.node.op_type != "Reshape" or blocks.node.inputs[0] != x:
+            continue
+        shape = graph.ints.get(blocks.node.inputs[1], [])
+        if len(shape) != 4 or shape[:2] != [0, 0]:
+            continue
+        if all(only_reader(t) for t in (y, extra, corr.node.inputs[0], sums.node.inputs[0])):
+            return x, [matmul, blocks]
+    return None
 
 
 def keep_last_logits(data: bytes, logits: str) -> bytes | None:
@@ -143,10 +205,10 @@ def keep_last_logits(data: bytes, logits: str) -> bytes | None:
     if any(LOGITS_TO_KEEP in g.node.inputs or g.node.outputs[:1] == [LOGITS_TO_KEEP]
            for g in graph.nodes):
         return None
-    head = _find_head(graph, logits)
-    if head is None:
+    found = _find_head(graph, logits)
+    if found is None:
         return None
-    hidden = head.node.inputs[0]
+    hidden, readers = found
     starts, kept = f"{_PREFIX}/starts", f"{_PREFIX}/hidden"
     added = [
         proto.node("Neg", [LOGITS_TO_KEEP], [starts], name=f"{_PREFIX}/Neg"),
@@ -155,11 +217,13 @@ def keep_last_logits(data: bytes, logits: str) -> bytes | None:
     ]
     constants = [proto.tensor(f"{_PREFIX}/ends", np.array([np.iinfo(np.int64).max])),
                  proto.tensor(f"{_PREFIX}/axes", np.array([-2], dtype=np.int64))]
+    readers.sort(key=lambda g: g.start)
     g0, g1 = graph.span
-    out = bytearray(view[g0:head.start])
-    out += b"".join(proto._bytes(1, n) for n in added)
-    out += proto._bytes(1, _rename_first_input(view, head, kept))
-    out += view[head.end:g1]
+    out = bytearray(view[g0:readers[0].start])
+    out += b"".join(proto._bytes(1, n) for n in added)  # before the first reader
+    for i, g in enumerate(readers):
+        out += proto._bytes(1, _rename_first_input(view, g, kept))
+        out += view[g.end:readers[i + 1].start if i + 1 < len(readers) else g1]
     out += b"".join(proto._bytes(5, t) for t in constants)
     out += proto._bytes(11, proto.value_info(LOGITS_TO_KEEP, proto.INT64, [1]))
     # the model: every field as it was, the graph's with its new bytes

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import CancelledError, ModelLoadError, UnsupportedModelError
 from engine.model.gguf import Progress, import_gguf
@@ -313,3 +314,24 @@ def test_compute_fp32_keeps_the_gguf_arithmetic_for_four_bit_weights(gguf_dir, t
     assert np.abs(_logits(default, IDS) - ref).max() > 1e-3 * scale
     with pytest.raises(ModelLoadError, match="compute"):
         import_gguf(gguf, tmp_path / "bad", compute="int3")
+
+
+@pytest.mark.parametrize("case", ["llama-Q4_1", "llama-Q4_K", "qwen3-Q6_K"])
+def test_imported_heads_run_for_the_last_row_with_the_same_logits(gguf_dir, tok_dir, tmp_path,
+                                                                  case):
+    """A prefill of an imported folder computes the LM head for its last row only (the
+    offset-corrected int4 heads of Q4_1 / K-quants included), and returns what the full
+    graph does."""
+    out = tmp_path / case
+    import_gguf(_gguf(gguf_dir, tok_dir, case), out)
+    pruned = Engine.load(out, EngineConfig(intra_op_threads=1))
+    plain = Engine.load(out, EngineConfig(intra_op_threads=1, prune_logits=False))
+    assert pruned.spec.logits_to_keep is not None and plain.spec.logits_to_keep is None
+    ids = np.arange(3, 30, dtype=np.int64)
+    np.testing.assert_array_equal(pruned.runner.forward(ids[:20]),
+                                  plain.runner.forward(ids[:20]).copy())
+    np.testing.assert_array_equal(pruned.runner.forward(ids[20:], all_logits=True),
+                                  plain.runner.forward(ids[20:], all_logits=True))
+    pruned.runner.reset()
+    plain.runner.reset()
+    np.testing.assert_array_equal(pruned.runner.forward(ids), plain.runner.forward(ids))

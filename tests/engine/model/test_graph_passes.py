@@ -177,3 +177,44 @@ def test_graphs_the_pass_cannot_prove_safe_are_left_alone(case):
 def test_bytes_that_are_not_a_model_are_left_alone():
     assert keep_last_logits(b"\x00\x01 not an onnx file", "logits") is None
     assert keep_last_logits(_graph(), "no_such_output") is None
+
+
+def _offset_head_graph(shape: list[int]) -> bytes:
+    """A head with block offsets, as GGUF Q4_1 / K-quant imports have:
+    `h @ w + block_sums(h) @ offsets`, the block sums a Reshape by `shape` and a ReduceSum."""
+    rng = np.random.default_rng(1)
+    blocks = 2
+    inits = [numpy_helper.from_array(rng.standard_normal((V, H)).astype(np.float32), "emb"),
+             numpy_helper.from_array(rng.standard_normal((H, V)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((blocks, V)).astype(np.float32),
+                                     "offsets"),
+             numpy_helper.from_array(np.array(shape, np.int64), "shape"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "w"], ["y"]),
+             helper.make_node("Reshape", ["h", "shape"], ["parts"]),
+             helper.make_node("ReduceSum", ["parts", "axes"], ["sums"], keepdims=0),
+             helper.make_node("MatMul", ["sums", "offsets"], ["extra"]),
+             helper.make_node("Add", ["y", "extra"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "seq", V])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def test_a_head_with_block_offsets_is_sliced_once_for_both_of_its_readers():
+    plain = _offset_head_graph([0, 0, 2, H // 2])
+    rewritten = keep_last_logits(plain, "logits")
+    assert rewritten is not None
+    onnx.checker.check_model(onnx.load_from_string(rewritten))
+    ids = np.array([[1, 5, 2, 7, 3]], np.int64)
+    (want,) = ort.InferenceSession(plain).run(["logits"], {"input_ids": ids})
+    (got,) = ort.InferenceSession(rewritten).run(
+        ["logits"], {"input_ids": ids, LOGITS_TO_KEEP: np.array([3])})
+    np.testing.assert_array_equal(got, want[:, -3:])
+
+
+def test_block_sums_that_do_not_keep_the_rows_apart_are_left_alone():
+    assert keep_last_logits(_offset_head_graph([1, -1, 2, H // 2]), "logits") is None
