@@ -10,7 +10,7 @@ from engine.errors import ModelLoadError
 from engine.model.io_spec import IOSpec, resolve_io
 from engine.model.model_dir import ModelDir, load_model_dir
 from engine.runtime.decode import runner_factory
-from engine.runtime.providers import make_session
+from engine.runtime.providers import make_session, pruned_graph
 from engine.runtime.runner import DecodeRunner
 from engine.text.tokenizer import Tokenizer
 
@@ -40,6 +40,10 @@ def load_draft_runner(path: str, target: Target, provider: str) -> DecodeRunner:
         raise ModelLoadError(
             f"the draft model's vocabulary ({spec.vocab_size}) is larger than the "
             f"target's ({target.spec.vocab_size})", hint="use a draft of the same family")
-    session, _ = make_session(draft.model_file, target.config, provider=provider)
+    # the draft catches up on the history in one run per proposal: its head for the last
+    # row only, as the target's (engine.model.graph_passes)
+    graph, spec = pruned_graph(draft.model_file, spec, target.config, provider)
+    session, _ = make_session(draft.model_file, target.config, provider=provider,
+                              graph=graph)
     context = min(draft.context_length, target.context_length)
     return runner_factory(session, spec, context, 1)()

@@ -221,6 +221,8 @@ def _draft_engine(target_dir, draft_dir):
 
 def test_a_draft_model_of_the_same_weights_is_always_right(genai_model_dir):
     engine = _draft_engine(genai_model_dir, genai_model_dir)
+    assert engine.draft_runner is not None  # its prefill runs the head for the last row
+    assert engine.draft_runner.spec.logits_to_keep == "logits_to_keep"
     plain = _run(engine, [5, 17, 42, 99, 7], "none", n=24)
     fast = _run(engine, [5, 17, 42, 99, 7], "draft_model", n=24)
     assert fast.token_ids == plain.token_ids
