@@ -395,6 +395,8 @@ class Engine:
         """Release what outlives requests (the KV store's files stay for the next start)."""
         if self.kv_tiers is not None:
             self.kv_tiers.close()
+        if self._huge_pages is not None:  # another engine's requests would not pause it
+            self._huge_pages.stop()
 
     def describe(self) -> Mapping[str, object]:
         return {"model": str(self.model.path), "provider": self.provider,

@@ -23,6 +23,7 @@ Measured in ``bench/README.md`` (decode tok/s with and without).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import re
@@ -176,6 +177,10 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
     return report
 
 
+class _Stopped(Exception):
+    """Raised by the pause of a collapse that was stopped (its engine closed)."""
+
+
 class BackgroundAdvice:
     """:func:`advise_huge_pages` on a daemon thread, once the engine is quiet: the engine
     serves at once while the kernel copies the weights into huge pages later.
@@ -205,6 +210,7 @@ class BackgroundAdvice:
         self._quiet = quiet_s
         self._last_end = float("-inf")
         self._deadline = float("inf")
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="hugepages", daemon=True)
         self._thread.start()
 
@@ -222,21 +228,32 @@ class BackgroundAdvice:
                 self._idle.set()
         self._go.set()
 
+    def stop(self) -> None:
+        """No more slices (the engine closed: another engine's requests would not pause
+        it); a slice under way finishes. Idempotent."""
+        self._stopped = True
+        self._idle.set()
+        self._go.set()
+
     def _pause(self) -> None:
-        """Return once no request has run for ``quiet_s`` (or patience ran out)."""
-        while True:
+        """Return once no request has run for ``quiet_s`` (or patience ran out); raise
+        when stopped."""
+        while not self._stopped:
             left = self._deadline - time.monotonic()
             if left <= 0 or not self._idle.wait(None if left == float("inf") else left):
-                return
+                break
             quiet_for = time.monotonic() - self._last_end
             if quiet_for >= self._quiet:
-                return
+                break
             time.sleep(min(self._quiet - quiet_for, left))
+        if self._stopped:
+            raise _Stopped
 
     def _run(self) -> None:
         self._go.wait(self._delay)
         self._deadline = min(self._deadline, time.monotonic() + self._patience)
-        self.report = advise_huge_pages(pause=self._pause)
+        with contextlib.suppress(_Stopped):  # stopped: no report, nothing more advised
+            self.report = advise_huge_pages(pause=self._pause)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Start it now, without waiting for quiet, and return True when done (within

@@ -176,6 +176,17 @@ def test_the_collapse_starts_when_the_first_request_ends_or_when_waited_for() ->
     assert waited.wait(30) and waited.report is not None
 
 
+def test_a_closed_engine_collapses_nothing_more(genai_model_dir: Path) -> None:
+    # After a model switch the old engine's collapse would no longer pause for the new
+    # engine's requests: closing it stops it (waiting then starts nothing).
+    stopped = BackgroundAdvice(delay_s=3600)
+    stopped.stop()
+    assert stopped.wait(30) and stopped.report is None
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    engine.close()
+    assert engine.wait_huge_pages(timeout=30) and engine.huge_pages is None
+
+
 def test_the_collapse_waits_for_a_pause_in_the_requests_not_a_gap_between_two() -> None:
     # An editor asks for a completion at every keystroke: a slice started in each gap
     # between two requests overlapped the next one (25-45 ms instead of 11-14 per edit).
