@@ -202,7 +202,7 @@ def keep_last_logits(data: bytes, logits: str) -> bytes | None:
     shape = graph.outputs.get(logits)
     if shape is None or len(shape) != 3 or shape[1] == 1 or LOGITS_TO_KEEP in graph.inputs:
         return None
-    if any(LOGITS_TO_KEEP in g.node.inputs or g.node.outputs[:1] == [LOGITS_TO_KEEP]
+    if any(LOGITS_TO_KEEP in g.node.inputs or LOGITS_TO_KEEP in g.node.outputs
            for g in graph.nodes):
         return None
     found = _find_head(graph, logits)

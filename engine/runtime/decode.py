@@ -177,7 +177,7 @@ class RecomputeRunner(DecodeRunner):
         if self.spec.position_ids:
             feeds[self.spec.position_ids] = np.arange(total, dtype=np.int64)[None]
         if self.spec.logits_to_keep:
-            feeds[self.spec.logits_to_keep] = np.array([n if self._all_logits else 1])
+            feeds[self.spec.logits_to_keep] = np.array([self._rows_kept(n)])
         if self.hidden_output is None:
             (logits,) = self.session.run([self.spec.logits], feeds)
         else:

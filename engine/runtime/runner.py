@@ -71,9 +71,14 @@ class DecodeRunner(ABC):
             return 1
         if self.spec.logits_to_keep is None:
             return n
-        self._keep[0] = n if self._all_logits else 1
+        self._keep[0] = self._rows_kept(n)
         bind_array(binding, self.spec.logits_to_keep, self._keep, (1,))
         return int(self._keep[0])
+
+    def _rows_kept(self, n: int) -> int:
+        """The `logits_to_keep` value for a run of `n` tokens: all of them when the
+        caller asked for every row, else the last."""
+        return n if self._all_logits else 1
 
     def _bind_hidden(self, binding: Any, n: int) -> None:
         """Bind a fresh `[1, n, hidden]` buffer as the hidden output (when tracked)."""
