@@ -87,6 +87,22 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
             print(f"| {n} | {_fmt(row['ours']['prefill_tok_s'])} / {_fmt(rows_pf)} | "
                   f"{_fmt(row['prefill_tok_s_ours/ours-rows'], 2)} | "
                   f"{_fmt(row['ours']['first_ttft_ms'])} / {_fmt(ttft)} |")
+    spin_arm = [r for r in runs if r["kind"] == "decode" and r["arm"] == "og-spin"]
+    if spin_arm:
+        print("\n| prompt | decode tok/s ours / og (ONNX Runtime's spin) / og-spin (our "
+              "20 µs spin) | ours/og-spin | og-spin/og |")
+        print("|---|---|---|---|")
+        for n in lens:
+            spun = _best(_vals([r for r in spin_arm if r["prompt_len"] == n],
+                               "decode_tok_s"))
+            row = out[str(n)]
+            row["og-spin"] = {"decode_tok_s": spun}
+            row["decode_tok_s_ours/og-spin"] = _ratio(row["ours"]["decode_tok_s"], spun)
+            row["decode_tok_s_og-spin/og"] = _ratio(spun, row["og"]["decode_tok_s"])
+            print(f"| {n} | {_fmt(row['ours']['decode_tok_s'])} / "
+                  f"{_fmt(row['og']['decode_tok_s'])} / {_fmt(spun)} | "
+                  f"{_fmt(row['decode_tok_s_ours/og-spin'], 2)} | "
+                  f"{_fmt(row['decode_tok_s_og-spin/og'], 2)} |")
     print("\n| prompt | peak RSS MiB ours / og / llama.cpp | idle CPU s/s (median) |")
     print("|---|---|---|")
     for n in lens:

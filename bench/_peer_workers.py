@@ -22,6 +22,9 @@ from bench._peer_llama import common_prefix
 #: ours with the LM head run for every prompt row, as exported (EngineConfig.prune_logits
 #: off): what computing the last row's logits only gains, in the same run
 ALL_ROWS_ARM = "ours-rows"
+#: onnxruntime-genai given our engine's thread spin (engine.config.SPIN_US) instead of
+#: ONNX Runtime's own: what that setting alone gives og, in the same run
+OG_SPIN_ARM = "og-spin"
 
 
 def ours_fim(model: Path, prompts: list[list[int]], new_tokens: int,
@@ -200,8 +203,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         else:
             ids, n = data["spec"][job["task"]]["ids"], data["spec"][job["task"]]["n"]
         if engine == "og":
+            from engine.config import SPIN_US
+
             out = _workers.run_og(model, ids, data["warmup"], n, threads,
-                                  idle_s=job.get("idle_s", 0.0))
+                                  idle_s=job.get("idle_s", 0.0),
+                                  spin_us=SPIN_US if job["arm"] == OG_SPIN_ARM else None)
         else:
             mode = "prompt_lookup" if job.get("lookup") else "none"
             out = _workers.run_ours(model, ids, data["warmup"], n, threads, spin=True,

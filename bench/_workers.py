@@ -77,8 +77,8 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
              prune_logits: bool = True) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
-    # `ours` is the engine's default (ORT's own spinning, like og); `ours-nospin` never
-    # spins (the worker's setting until it moved to a 5 µs spin: see bench.spin).
+    # `ours` is the engine's default (a 20 µs spin, engine.config.SPIN_US); `ours-nospin`
+    # never spins (see bench.spin).
     # `ours-4k` leaves the weights on 4 KiB pages (EngineConfig.huge_pages off): what the
     # huge-page advice gains.
     knob: dict[str, Any] = {} if spin else {"spin_duration_us": 0}
@@ -118,12 +118,18 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
 
 
 def run_og(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
-           threads: int, idle_s: float = 0.0) -> dict[str, Any]:
+           threads: int, idle_s: float = 0.0, spin_us: int | None = None) -> dict[str, Any]:
+    """onnxruntime-genai's clock of run_ours; `spin_us` gives its session the bounded
+    thread spin our engine uses (og passes string session options to ONNX Runtime as
+    session config entries), None leaves ONNX Runtime's own spin, og's default."""
     import onnxruntime_genai as og
 
     t0 = time.perf_counter()
     config = og.Config(str(model))
-    overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
+    session_options: dict[str, Any] = {"intra_op_num_threads": threads}
+    if spin_us is not None:
+        session_options["session.intra_op.spin_duration_us"] = str(spin_us)
+    overlay = {"model": {"decoder": {"session_options": session_options}}}
     config.overlay(json.dumps(overlay))
     if os.environ.get("ONNX_GENAI_BACKEND", "").strip().lower() == "cuda":
         config.clear_providers()  # the GPU check (tools/gpu_check.sh) compares on CUDA

@@ -15,7 +15,10 @@ Workloads (bench/README.md, "Peers", explains each number):
 
 - ``decode``: 256 greedy tokens after 32, 512 and 2,000-token prompts (fixed random ids);
   decode and prefill tok/s, the first request's TTFT (the warm-up), peak RSS, and the CPU
-  the loaded engine burns in the 2 s after a request (idle CPU).
+  the loaded engine burns in the 2 s after a request (idle CPU). Two single arms beside
+  them: ``ours-rows`` (the LM head on every prompt row, as exported) and ``og-spin``
+  (onnxruntime-genai given our engine's 20 µs thread spin instead of ONNX Runtime's own,
+  which is og's default): what each of those settings alone is worth.
 - ``first``: the first request right after a load (512-token prompt, 32 tokens), no
   warm-up: ours as shipped (the huge-page collapse of the weights waits for a pause in
   the requests), ours without huge pages, onnxruntime-genai.
@@ -53,7 +56,7 @@ if str(REPO) not in sys.path:
 
 from bench import _workers  # noqa: E402
 from bench._fresh import run_worker  # noqa: E402
-from bench._peer_workers import ALL_ROWS_ARM  # noqa: E402
+from bench._peer_workers import ALL_ROWS_ARM, OG_SPIN_ARM  # noqa: E402
 from bench.speculative import EDIT_SOURCES  # noqa: E402
 
 OUT = REPO / "bench" / "out"
@@ -224,7 +227,7 @@ def jobs_for(workloads: list[str], prompt_lens: list[int]) -> list[dict[str, Any
     jobs: list[dict[str, Any]] = []
     if "decode" in workloads:
         jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens
-                 for a in [*arms, ALL_ROWS_ARM]]
+                 for a in [*arms, ALL_ROWS_ARM, OG_SPIN_ARM]]
     if "first" in workloads:
         jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens[1:2]
                  for a in FIRST_ARMS]

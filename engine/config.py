@@ -15,9 +15,16 @@ from engine.generation.constraint import JsonConstraintSpec as JsonConstraintSpe
 StopSequence = str | tuple[int, ...]
 
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
-#: The worker's ORT thread spin, µs: long enough to bridge the gaps between a decode step's
-#: operators, short enough to give a core back at once (`python -m bench.spin`).
-WORKER_SPIN_US = 5
+#: How long ORT's idle threads spin, µs, in the engine and the worker: long enough to bridge
+#: the gaps between a decode step's operators (a single-threaded operator between two
+#: parallel ones: 5 µs lost 18% of the built-in model's decode on a quiet machine, 10 µs
+#: and more kept ORT's own speed), short enough that a thread sharing its core with
+#: another program sleeps instead of burning its share (ORT's own spin decoded 19-28%
+#: slower beside 1-2 busy processes) and that the cores idle right after a request
+#: (`python -m bench.spin`, bench/README.md).
+SPIN_US = 20
+#: The worker's default (`--spin-us`): the engine's.
+WORKER_SPIN_US = SPIN_US
 
 
 def _check_int(name: str, value: object, *, minimum: int, hint: str) -> None:
@@ -176,12 +183,12 @@ class EngineConfig:
     provider: str = "auto"
     #: None = the machine's physical cores.
     intra_op_threads: int | None = None
-    #: How long idle ORT threads spin before they sleep, in microseconds: None = ONNX
-    #: Runtime's own default (spins long after a request: idle CPU, and slow when other
-    #: programs want the cores), 0 = never spin (every parallel operator wakes sleeping
-    #: threads). The worker uses WORKER_SPIN_US: threads stay awake between the operators
-    #: of a step and sleep at once after it (`python -m bench.spin`, bench/README.md).
-    spin_duration_us: int | None = None
+    #: How long idle ORT threads spin before they sleep, in microseconds. The default
+    #: (SPIN_US) keeps them awake between the operators of a step and asleep right after
+    #: it; None = ONNX Runtime's own spin (long after every request: idle CPU, and slow
+    #: while other programs want the cores), 0 = never spin (every parallel operator wakes
+    #: sleeping threads). `python -m bench.spin`, bench/README.md.
+    spin_duration_us: int | None = SPIN_US
     #: Prompt tokens per prefill forward.
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
