@@ -18,10 +18,10 @@ PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
 #: How long ORT's idle threads spin, µs, in the engine and the worker: long enough to bridge
 #: the gaps between a decode step's operators (a single-threaded operator between two
 #: parallel ones: 5 µs lost 18% of the built-in model's decode on a quiet machine, 10 µs
-#: and more kept ORT's own speed), short enough that a thread sharing its core with
-#: another program sleeps instead of burning its share (ORT's own spin decoded 19-28%
-#: slower beside 1-2 busy processes) and that the cores idle right after a request
-#: (`python -m bench.spin`, bench/README.md).
+#: and more kept ORT's own speed at a short prompt, 20 µs 8% below it at 1,900 tokens),
+#: short enough that a thread sharing its core with another program sleeps instead of
+#: burning its share (ORT's own spin decoded 19-28% slower beside 1-2 busy processes) and
+#: that the cores idle right after a request (`python -m bench.spin`, bench/README.md).
 SPIN_US = 20
 #: The worker's default (`--spin-us`): the engine's.
 WORKER_SPIN_US = SPIN_US

@@ -93,7 +93,7 @@ class SettingsView(QWidget):
                                 "threadsStayAwake")
         self.stay_awake.setToolTip(
             "On: threads wait a few microseconds for the next step instead of sleeping "
-            "(about 1.2-1.4x faster answers on a quiet computer; no CPU used once an "
+            "(1.2-1.7x faster answers on a quiet computer; no CPU used once an "
             "answer is done).\nOff: may be faster when other programs keep every core "
             "busy all the time.")
         self.api_key = named(QLineEdit(), "apiKey")
