@@ -31,6 +31,14 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def _single_arm(runs: list[dict[str, Any]], arm: str, n: int
+                ) -> list[dict[str, Any]] | None:
+    """The decode runs of a single (uncontrolled) arm at prompt length `n`; None when the
+    run had no such arm (an older JSON, or a --report of one without it)."""
+    found = [r for r in runs if r["kind"] == "decode" and r["arm"] == arm]
+    return [r for r in found if r["prompt_len"] == n] if found else None
+
+
 def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("\n| prompt | decode tok/s ours / og / llama.cpp | ours/og | ours/llama | "
@@ -72,13 +80,12 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
               + ", ".join(_fmt(row[e]["control_decode"], 3) for e in ("ours", "og", "llama"))
               + " | " + " / ".join(_fmt(row[e]["first_ttft_ms"]) for e in ("ours", "og", "llama"))
               + " |")
-    rows_arm = [r for r in runs if r["kind"] == "decode" and r["arm"] == "ours-rows"]
-    if rows_arm:
+    if _single_arm(runs, "ours-rows", lens[0]) is not None:
         print("\n| prompt | prefill tok/s ours (last row's logits) / ours-rows (every row's, "
               "as exported) | ratio | first TTFT ms ours / ours-rows |")
         print("|---|---|---|---|")
         for n in lens:
-            alone = [r for r in rows_arm if r["prompt_len"] == n]
+            alone = _single_arm(runs, "ours-rows", n) or []
             rows_pf = _best(_vals(alone, "prefill_tok_s"))
             ttft = _best(_vals(alone, "first_ttft_ms"), lowest=True)
             row = out[str(n)]
@@ -87,14 +94,12 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
             print(f"| {n} | {_fmt(row['ours']['prefill_tok_s'])} / {_fmt(rows_pf)} | "
                   f"{_fmt(row['prefill_tok_s_ours/ours-rows'], 2)} | "
                   f"{_fmt(row['ours']['first_ttft_ms'])} / {_fmt(ttft)} |")
-    spin_arm = [r for r in runs if r["kind"] == "decode" and r["arm"] == "og-spin"]
-    if spin_arm:
+    if _single_arm(runs, "og-spin", lens[0]) is not None:
         print("\n| prompt | decode tok/s ours / og (ONNX Runtime's spin) / og-spin (our "
               "20 µs spin) | ours/og-spin | og-spin/og |")
         print("|---|---|---|---|")
         for n in lens:
-            spun = _best(_vals([r for r in spin_arm if r["prompt_len"] == n],
-                               "decode_tok_s"))
+            spun = _best(_vals(_single_arm(runs, "og-spin", n) or [], "decode_tok_s"))
             row = out[str(n)]
             row["og-spin"] = {"decode_tok_s": spun}
             row["decode_tok_s_ours/og-spin"] = _ratio(row["ours"]["decode_tok_s"], spun)
