@@ -95,8 +95,10 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
                   f"{_fmt(row['prefill_tok_s_ours/ours-rows'], 2)} | "
                   f"{_fmt(row['ours']['first_ttft_ms'])} / {_fmt(ttft)} |")
     if _single_arm(runs, "og-spin", lens[0]) is not None:
+        from engine.config import SPIN_US  # what bench._peer_workers gave og-spin
+
         print("\n| prompt | decode tok/s ours / og (ONNX Runtime's spin) / og-spin (our "
-              "20 µs spin) | ours/og-spin | og-spin/og |")
+              f"{SPIN_US} µs spin) | ours/og-spin | og-spin/og |")
         print("|---|---|---|---|")
         for n in lens:
             spun = _best(_vals(_single_arm(runs, "og-spin", n) or [], "decode_tok_s"))

@@ -23,8 +23,6 @@ PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
 #: burning its share (ORT's own spin decoded 19-28% slower beside 1-2 busy processes) and
 #: that the cores idle right after a request (`python -m bench.spin`, bench/README.md).
 SPIN_US = 20
-#: The worker's default (`--spin-us`): the engine's.
-WORKER_SPIN_US = SPIN_US
 
 
 def _check_int(name: str, value: object, *, minimum: int, hint: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.config import PROVIDERS, WORKER_SPIN_US
+from engine.config import PROVIDERS, SPIN_US
 from engine.server.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_PORT
 
 
@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="X-Session-Id chat sessions kept at most")
     eng = parser.add_argument_group("engine")
     eng.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
-    eng.add_argument("--spin-us", type=int, default=WORKER_SPIN_US, metavar="US",
+    eng.add_argument("--spin-us", type=int, default=SPIN_US, metavar="US",
                      help="how long idle ONNX Runtime threads spin before they sleep "
-                          f"(default {WORKER_SPIN_US}: between the operators of a step, not "
+                          f"(default {SPIN_US}: between the operators of a step, not "
                           "after it; 0 never spins, which can be faster while other programs "
                           "keep every core busy)")
     eng.add_argument("--provider", choices=PROVIDERS, default="auto")

@@ -134,13 +134,13 @@ def test_an_idle_worker_burns_no_cpu_after_answering(slow_model_dir, tmp_path):
 def test_the_worker_spins_briefly_by_default_and_spin_us_sets_it(tmp_path):
     import argparse
 
-    from engine.config import WORKER_SPIN_US
+    from engine.config import SPIN_US
     from engine.server.cli import add_arguments
     from engine.server.serve import config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    for argv, expected in (([], WORKER_SPIN_US), (["--spin-us", "0"], 0)):
+    for argv, expected in (([], SPIN_US), (["--spin-us", "0"], 0)):
         args = parser.parse_args(["--no-kv-store", "--admin-token-file",
                                   str(tmp_path / "token"), *argv])
         assert config_from_args(args).engine.spin_duration_us == expected
