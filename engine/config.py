@@ -226,6 +226,10 @@ class EngineConfig:
     #: CPU: a prefill computes the LM head for its last position only, not every prompt
     #: token (engine.model.graph_passes; the same logits, bench/README.md has the gain).
     prune_logits: bool = True
+    #: CPU: GroupQueryAttention graphs run their decode steps in the engine's own kernel
+    #: (engine/kernels: each KV head's cache read once for all its query heads, positions
+    #: split across the threads); off, or not built, = ONNX Runtime's kernel throughout.
+    own_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

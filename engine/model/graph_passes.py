@@ -250,3 +250,109 @@ def _rename_first_input(view: memoryview, g: _GraphNode, name: str) -> bytes:
         else:
             out += view[start:body.pos]
     return bytes(out)
+
+
+#: The operator domain of the engine's own kernels (engine/kernels).
+KERNEL_DOMAIN = "engine.kernels"
+#: GroupQueryAttention attributes the engine's kernel reads; a node with any other (a
+#: softcap's `qk_output`, a custom `mask_filter_value`...) keeps ONNX Runtime's kernel.
+_GQA_ATTRIBUTES = frozenset({"num_heads", "kv_num_heads", "scale", "local_window_size",
+                             "softcap", "do_rotary", "rotary_interleaved", "smooth_softmax"})
+#: Inputs and outputs it takes: query ... sin_cache; output, present key and value.
+_GQA_INPUTS, _GQA_OUTPUTS = 9, 3
+
+
+def own_attention(data: bytes) -> bytes | None:
+    """`data` with its float GroupQueryAttention nodes moved to the engine's kernel
+    (engine/kernels/decode_attention.c: the same inputs, outputs and attributes; its own
+    decode step, ONNX Runtime's kernel for everything else), or None when no node
+    qualifies. The caller registers the kernel's library with the session."""
+    if len(data) > MAX_GRAPH_BYTES:
+        return None
+    view = memoryview(data)
+    try:
+        graph = _read_graph(view)
+    except ScanError:
+        return None
+    float_kv = graph_input_types(view)
+    g0, g1 = graph.span
+    out = bytearray()
+    pos = g0
+    moved = 0
+    for g in graph.nodes:
+        if g.node.op_type != "GroupQueryAttention":
+            continue
+        node = _own_attention_node(view, g, float_kv)
+        if node is None:
+            continue
+        out += view[pos:g.start]
+        out += proto._bytes(1, node)
+        pos = g.end
+        moved += 1
+    if not moved:
+        return None
+    out += view[pos:g1]
+    model = bytearray()
+    r = _Reader(view)
+    for number, wire, _ in r.fields():
+        model += proto._bytes(7, bytes(out)) if (number, wire) == (7, 2) \
+            else view[r.field_start:r.pos]
+    model += proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
+    return bytes(model)
+
+
+def graph_input_types(view: memoryview) -> dict[str, int]:
+    """The element type of each graph input (TensorProto.DataType)."""
+    top = _Reader(view)
+    span = next((v for n, w, v in top.fields() if n == 7 and w == 2), None)
+    types: dict[str, int] = {}
+    if span is None:
+        return types
+    r = top.sub(span)
+    for number, wire, value in r.fields():
+        if number == 11 and wire == 2:
+            info = _scan_value_info(r.sub(value))
+            types[info.name] = info.elem_type
+    return types
+
+
+def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, int]
+                        ) -> bytes | None:
+    r = _Reader(view, g.start, g.end)
+    r.varint()  # the node field's key
+    length = r.varint()
+    body = _Reader(view, r.pos, r.pos + length)
+    inputs: list[str] = []
+    outputs: list[str] = []
+    domain = ""
+    kept = bytearray()
+    for number, wire, value in body.fields():
+        raw = view[body.field_start:body.pos]
+        if number == 1 and wire == 2:
+            inputs.append(body.text(value))
+        elif number == 2 and wire == 2:
+            outputs.append(body.text(value))
+        elif number == 7 and wire == 2:
+            domain = body.text(value)
+        else:
+            if number == 5 and wire == 2:
+                name = next((body.text(v) for n, w, v in body.sub(value).fields()
+                             if n == 1 and w == 2), "")
+                if name not in _GQA_ATTRIBUTES:
+                    return None
+            kept += raw
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    if domain != "com.microsoft" or len(inputs) > _GQA_INPUTS or len(outputs) > _GQA_OUTPUTS:
+        return None
+    # float caches only: the kernel is registered for float (an fp16 graph keeps ORT's)
+    if len(inputs) < 4 or input_types.get(inputs[3]) != proto.FLOAT:
+        return None
+    node = bytearray()
+    node += b"".join(proto._str(1, i) for i in inputs)
+    node += b"".join(proto._str(2, o) for o in outputs)
+    node += kept
+    node += proto._str(7, KERNEL_DOMAIN)
+    return bytes(node)

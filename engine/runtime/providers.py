@@ -12,9 +12,10 @@ from typing import Any
 
 import psutil
 
+from engine import kernels
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError, RuntimeSelectionError
-from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits
+from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention
 from engine.model.io_spec import IOSpec
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
     if graph is not None:
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(model_file.parent))
+        library = kernels.library()
+        if library is not None:  # the graph may use the engine's kernels (own_attention)
+            options.register_custom_ops_library(str(library))
     try:
         session = ort.InferenceSession(graph if graph is not None else str(model_file),
                                        options, providers=providers)
@@ -157,14 +161,19 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
 
 def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str
                  ) -> tuple[bytes | None, IOSpec]:
-    """The model rewritten so a prefill computes the logits it needs only
-    (engine.model.graph_passes), with the spec that binds its new input; (None, spec)
-    when turned off, when a GPU provider may run it (the new input is a host tensor,
-    untried inside a captured CUDA graph), or when the graph does not allow it."""
+    """The model rewritten at load for the CPU (engine.model.graph_passes): a prefill
+    computes the logits it needs only, and GroupQueryAttention runs the engine's kernel
+    (engine.kernels) where it was built; with the spec that binds the new input. (None,
+    spec) when both are off or do not apply, or when a GPU provider may run it (the new
+    input is a host tensor, untried inside a captured CUDA graph)."""
     on_cpu = choose_providers(provider, available_providers()) == ["CPUExecutionProvider"]
-    if not config.prune_logits or not on_cpu:
+    if not on_cpu:
         return None, spec
-    graph = keep_last_logits(model_file.read_bytes(), spec.logits)
-    if graph is None:
-        return None, spec
-    return graph, dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)
+    graph = None
+    if config.prune_logits:
+        graph = keep_last_logits(model_file.read_bytes(), spec.logits)
+        if graph is not None:
+            spec = dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)
+    if config.own_kernels and kernels.library() is not None:
+        graph = own_attention(graph if graph is not None else model_file.read_bytes()) or graph
+    return graph, spec

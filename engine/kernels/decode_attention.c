@@ -1,0 +1,680 @@
+/*
+ * GroupQueryAttention for ONNX Runtime's CPU provider, with a decode step of our own.
+ *
+ * The operator `engine.kernels::GroupQueryAttention` takes the inputs, outputs and
+ * attributes of `com.microsoft::GroupQueryAttention`. When a run adds one token per
+ * sequence to a KV cache that past and present share (the engine's decode steps), it
+ * computes the step here; every other run (a prefill, a speculative check, a cache that
+ * is not shared, an attribute or input this code does not handle) is handed to ONNX
+ * Runtime's own kernel through `InvokeOp`, so results there are ONNX Runtime's.
+ *
+ * Why: ONNX Runtime's CPU kernel multiplies each query head by the whole cache of its KV
+ * head on its own (a GEMM per head that packs the keys first), so a cache shared by three
+ * query heads is read and packed three times, and the work is split by head only. Here
+ * the query heads of a KV head go through its keys and values together, in one pass, and
+ * the positions are split into chunks that the session's own threads share (split-K, the
+ * chunks' softmax partials combined at the end): every byte of the cache is read once.
+ *
+ * The header of ONNX Runtime is not needed: the C API is a table of function pointers
+ * whose order is fixed across releases (new entries are only appended), so the few this
+ * file calls are named by their index below.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define ENGINE_EXPORT __declspec(dllexport)
+#define ORT_CALL __stdcall
+#else
+#define ENGINE_EXPORT __attribute__((visibility("default")))
+#define ORT_CALL
+#endif
+
+/* Compile the hot loops for the wider vector units too, picked at load by the CPU. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HOT
+#endif
+
+/* ---- the C API, as far as this file uses it ------------------------------------ */
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtValue OrtValue;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtOp OrtOp;
+typedef struct OrtOpAttr OrtOpAttr;
+typedef void (*OrtFn)(void);
+
+typedef struct {
+  const OrtFn* (ORT_CALL* GetApi)(uint32_t version);
+  const char*(ORT_CALL* GetVersionString)(void);
+} OrtApiBase;
+
+/* The API version asked for: the oldest that has every entry used here (1.16). */
+#define API_VERSION 16
+
+/* Indices of the entries used, in the API table. */
+enum {
+  SLOT_CreateStatus = 0,
+  SLOT_GetTensorMutableData = 51,
+  SLOT_GetTensorTypeAndShape = 65,
+  SLOT_GetDimensionsCount = 61,
+  SLOT_GetDimensions = 62,
+  SLOT_GetTensorElementType = 60,
+  SLOT_ReleaseTensorTypeAndShapeInfo = 99,
+  SLOT_KernelInfoGetAttribute_float = 85,
+  SLOT_KernelInfoGetAttribute_int64 = 86,
+  SLOT_KernelContext_GetInputCount = 88,
+  SLOT_KernelContext_GetInput = 90,
+  SLOT_KernelContext_GetOutput = 91,
+  SLOT_CreateCustomOpDomain = 26,
+  SLOT_CustomOpDomain_Add = 27,
+  SLOT_AddCustomOpDomain = 28,
+  SLOT_ReleaseStatus = 93,
+  SLOT_CreateOpAttr = 211,
+  SLOT_ReleaseOpAttr = 212,
+  SLOT_CreateOp = 213,
+  SLOT_InvokeOp = 214,
+  SLOT_ReleaseOp = 215,
+  SLOT_KernelContext_ParallelFor = 274,
+};
+
+enum { ELEM_FLOAT = 1, ELEM_INT64 = 7, ELEM_INT32 = 6 };
+enum { OP_ATTR_INT = 1, OP_ATTR_FLOAT = 3 };
+enum { INPUT_REQUIRED = 0, INPUT_OPTIONAL = 1 };
+enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
+
+typedef OrtStatus*(ORT_CALL* CreateStatus_t)(int code, const char* msg);
+typedef void(ORT_CALL* ReleaseStatus_t)(OrtStatus*);
+typedef OrtStatus*(ORT_CALL* GetTensorMutableData_t)(OrtValue*, void**);
+typedef OrtStatus*(ORT_CALL* GetTensorTypeAndShape_t)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
+typedef OrtStatus*(ORT_CALL* GetDimensionsCount_t)(const OrtTensorTypeAndShapeInfo*, size_t*);
+typedef OrtStatus*(ORT_CALL* GetDimensions_t)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);
+typedef OrtStatus*(ORT_CALL* GetTensorElementType_t)(const OrtTensorTypeAndShapeInfo*, int*);
+typedef void(ORT_CALL* ReleaseTensorTypeAndShapeInfo_t)(OrtTensorTypeAndShapeInfo*);
+typedef OrtStatus*(ORT_CALL* KernelInfoGetAttribute_float_t)(const OrtKernelInfo*, const char*, float*);
+typedef OrtStatus*(ORT_CALL* KernelInfoGetAttribute_int64_t)(const OrtKernelInfo*, const char*, int64_t*);
+typedef OrtStatus*(ORT_CALL* KernelContext_GetInputCount_t)(const OrtKernelContext*, size_t*);
+typedef OrtStatus*(ORT_CALL* KernelContext_GetInput_t)(const OrtKernelContext*, size_t, const OrtValue**);
+typedef OrtStatus*(ORT_CALL* KernelContext_GetOutput_t)(OrtKernelContext*, size_t, const int64_t*, size_t,
+                                                      OrtValue**);
+typedef OrtStatus*(ORT_CALL* CreateCustomOpDomain_t)(const char*, OrtCustomOpDomain**);
+typedef OrtStatus*(ORT_CALL* CustomOpDomain_Add_t)(OrtCustomOpDomain*, const void*);
+typedef OrtStatus*(ORT_CALL* AddCustomOpDomain_t)(OrtSessionOptions*, OrtCustomOpDomain*);
+typedef OrtStatus*(ORT_CALL* CreateOpAttr_t)(const char*, const void*, int, int, OrtOpAttr**);
+typedef void(ORT_CALL* ReleaseOpAttr_t)(OrtOpAttr*);
+typedef OrtStatus*(ORT_CALL* CreateOp_t)(const OrtKernelInfo*, const char*, const char*, int, const char**,
+                                       const int*, int, const OrtOpAttr* const*, int, int, int, OrtOp**);
+typedef OrtStatus*(ORT_CALL* InvokeOp_t)(const OrtKernelContext*, const OrtOp*, const OrtValue* const*, int,
+                                       OrtValue* const*, int);
+typedef void(ORT_CALL* ReleaseOp_t)(OrtOp*);
+typedef OrtStatus*(ORT_CALL* KernelContext_ParallelFor_t)(const OrtKernelContext*, void (*)(void*, size_t), size_t,
+                                                        size_t, void*);
+
+static const OrtFn* g_api;
+#define API(name) ((name##_t)g_api[SLOT_##name])
+#define TRY(call)                       \
+  do {                                  \
+    OrtStatus* status_ = (call);        \
+    if (status_ != NULL) return status_; \
+  } while (0)
+
+static OrtStatus* fail(const char* message) { return API(CreateStatus)(ORT_INVALID_ARGUMENT, message); }
+
+/* ---- the operator's description (ONNX Runtime reads these through OrtCustomOp) --- */
+
+/* GroupQueryAttention's first inputs: query, key, value, past_key, past_value, seqlens_k,
+   total_sequence_length, cos_cache, sin_cache; its first outputs: output, present_key,
+   present_value. (engine/model/graph_passes.py gives this operator only nodes that use no
+   other input, output or attribute than those read here.) */
+#define N_INPUTS 9
+#define N_OUTPUTS 3
+static const int INPUT_TYPES[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT,
+                                          ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
+static const int INPUT_REQUIRED_MASK[N_INPUTS] = {1, 0, 0, 0, 0, 1, 1, 0, 0};
+
+typedef struct Kernel {
+  int64_t num_heads, kv_num_heads, local_window_size, do_rotary, rotary_interleaved, smooth_softmax;
+  float scale, softcap;
+  OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention */
+} Kernel;
+
+/* The OrtCustomOp table, in its member order (version 16 of the struct). */
+typedef struct CustomOp {
+  uint32_t version;
+  void*(ORT_CALL* CreateKernel)(const void*, const void*, const OrtKernelInfo*);
+  const char*(ORT_CALL* GetName)(const void*);
+  const char*(ORT_CALL* GetExecutionProviderType)(const void*);
+  int(ORT_CALL* GetInputType)(const void*, size_t);
+  size_t(ORT_CALL* GetInputTypeCount)(const void*);
+  int(ORT_CALL* GetOutputType)(const void*, size_t);
+  size_t(ORT_CALL* GetOutputTypeCount)(const void*);
+  void(ORT_CALL* KernelCompute)(void*, OrtKernelContext*);
+  void(ORT_CALL* KernelDestroy)(void*);
+  int(ORT_CALL* GetInputCharacteristic)(const void*, size_t);
+  int(ORT_CALL* GetOutputCharacteristic)(const void*, size_t);
+  int(ORT_CALL* GetInputMemoryType)(const void*, size_t);
+  int(ORT_CALL* GetVariadicInputMinArity)(const void*);
+  int(ORT_CALL* GetVariadicInputHomogeneity)(const void*);
+  int(ORT_CALL* GetVariadicOutputMinArity)(const void*);
+  int(ORT_CALL* GetVariadicOutputHomogeneity)(const void*);
+  OrtStatus*(ORT_CALL* CreateKernelV2)(const void*, const void*, const OrtKernelInfo*, void**);
+  OrtStatus*(ORT_CALL* KernelComputeV2)(void*, OrtKernelContext*);
+} CustomOp;
+
+static const char* ORT_CALL op_name(const void* op) { (void)op; return "GroupQueryAttention"; }
+static const char* ORT_CALL op_provider(const void* op) { (void)op; return "CPUExecutionProvider"; }
+static int ORT_CALL input_type(const void* op, size_t i) { (void)op; return INPUT_TYPES[i]; }
+static size_t ORT_CALL input_count(const void* op) { (void)op; return N_INPUTS; }
+static int ORT_CALL output_type(const void* op, size_t i) { (void)op; (void)i; return ELEM_FLOAT; }
+static size_t ORT_CALL output_count(const void* op) { (void)op; return N_OUTPUTS; }
+static int ORT_CALL input_characteristic(const void* op, size_t i) {
+  (void)op;
+  return INPUT_REQUIRED_MASK[i] ? INPUT_REQUIRED : INPUT_OPTIONAL;
+}
+static int ORT_CALL output_characteristic(const void* op, size_t i) {
+  (void)op;
+  return i == 0 ? INPUT_REQUIRED : INPUT_OPTIONAL;
+}
+static int ORT_CALL input_memory_type(const void* op, size_t i) { (void)op; (void)i; return 0; }
+static int ORT_CALL variadic_arity(const void* op) { (void)op; return 1; }
+static int ORT_CALL variadic_homogeneity(const void* op) { (void)op; return 1; }
+static void ORT_CALL kernel_compute_v1(void* kernel, OrtKernelContext* context) { (void)kernel; (void)context; }
+
+static void ORT_CALL kernel_destroy(void* p) {
+  Kernel* kernel = (Kernel*)p;
+  if (kernel == NULL) return;
+  if (kernel->fallback != NULL) API(ReleaseOp)(kernel->fallback);
+  free(kernel);
+}
+
+static int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t value = fallback;
+  OrtStatus* status = API(KernelInfoGetAttribute_int64)(info, name, &value);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return fallback;
+  }
+  return value;
+}
+
+static float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
+  float value = fallback;
+  OrtStatus* status = API(KernelInfoGetAttribute_float)(info, name, &value);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return fallback;
+  }
+  return value;
+}
+
+static OrtStatus* make_fallback(const OrtKernelInfo* info, Kernel* k) {
+  const char* names[] = {"num_heads", "kv_num_heads", "local_window_size", "do_rotary",
+                         "rotary_interleaved", "smooth_softmax"};
+  int64_t ints[] = {k->num_heads, k->kv_num_heads, k->local_window_size, k->do_rotary,
+                    k->rotary_interleaved, k->smooth_softmax};
+  OrtOpAttr* attrs[8] = {0};
+  int n = 0;
+  OrtStatus* status = NULL;
+  for (int i = 0; i < 6 && status == NULL; ++i) {
+    status = API(CreateOpAttr)(names[i], &ints[i], 1, OP_ATTR_INT, &attrs[n]);
+    if (status == NULL) ++n;
+  }
+  if (status == NULL) {
+    status = API(CreateOpAttr)("scale", &k->scale, 1, OP_ATTR_FLOAT, &attrs[n]);
+    if (status == NULL) ++n;
+  }
+  if (status == NULL) {
+    status = API(CreateOpAttr)("softcap", &k->softcap, 1, OP_ATTR_FLOAT, &attrs[n]);
+    if (status == NULL) ++n;
+  }
+  if (status == NULL) {
+    const char* constraint_names[] = {"T", "M"};
+    const int constraint_types[] = {ELEM_FLOAT, ELEM_INT32};
+    status = API(CreateOp)(info, "GroupQueryAttention", "com.microsoft", 1, constraint_names,
+                           constraint_types, 2, (const OrtOpAttr* const*)attrs, n, N_INPUTS,
+                           N_OUTPUTS, &k->fallback);
+  }
+  for (int i = 0; i < n; ++i) API(ReleaseOpAttr)(attrs[i]);
+  return status;
+}
+
+static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const OrtKernelInfo* info,
+                                         void** out) {
+  (void)op;
+  (void)api;
+  Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
+  if (k == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
+  k->num_heads = attr_int(info, "num_heads", 0);
+  k->kv_num_heads = attr_int(info, "kv_num_heads", 0);
+  k->local_window_size = attr_int(info, "local_window_size", -1);
+  k->do_rotary = attr_int(info, "do_rotary", 0);
+  k->rotary_interleaved = attr_int(info, "rotary_interleaved", 0);
+  k->smooth_softmax = attr_int(info, "smooth_softmax", 0);
+  k->scale = attr_float(info, "scale", 0.0f);
+  k->softcap = attr_float(info, "softcap", 0.0f);
+  if (k->num_heads <= 0 || k->kv_num_heads <= 0 || k->num_heads % k->kv_num_heads != 0) {
+    free(k);
+    return fail("GroupQueryAttention: num_heads must be a positive multiple of kv_num_heads");
+  }
+  OrtStatus* status = make_fallback(info, k);
+  if (status != NULL) {
+    free(k);
+    return status;
+  }
+  *out = k;
+  return NULL;
+}
+
+/* ---- the decode step ------------------------------------------------------------ */
+
+#define CHUNK 256   /* positions per task */
+#define MAX_HEAD 256
+
+typedef struct Step {
+  int64_t batch, heads, kv_heads, group, head_size, capacity, chunks;
+  const int32_t* seqlens;  /* [batch]: each row's length before this token */
+  const float* q;          /* [batch, heads, head_size], rotated and scaled */
+  const float* keys;       /* [batch, kv_heads, capacity, head_size] */
+  const float* values;
+  float* partial;          /* [batch, heads, chunks, head_size + 2]: acc..., max, sum */
+} Step;
+
+/* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
+   (no floorf: n is rounded with the 1.5 * 2^23 trick; 2^n is built from its bits). */
+static inline float exp_neg(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } scale;
+  scale.i = ((int32_t)n + 127) << 23;
+  return p * scale.f;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86_PATHS 1
+
+/* Four dot products reduced together: three horizontal adds and one add give the four
+   sums in one register, instead of a shuffle tree per key. */
+__attribute__((target("avx2,fma"))) static inline __m128 sum4_ymm(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* scores[t] = q . K[t] for t < n, D a multiple of 8 (AVX2 and FMA). */
+__attribute__((target("avx2,fma"))) static void dots_avx2(const float* q, const float* K, int64_t n, int64_t D,
+                                                          float* scores) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k = K + t * D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + d), a0);
+      a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + D + d), a1);
+      a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 2 * D + d), a2);
+      a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + 3 * D + d), a3);
+    }
+    _mm_storeu_ps(scores + t, sum4_ymm(a0, a1, a2, a3));
+  }
+  for (; t < n; ++t) {
+    const float* k = K + t * D;
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    const __m128 r = sum4_ymm(a0, a0, a0, a0);
+    scores[t] = _mm_cvtss_f32(r);
+  }
+}
+
+#endif
+
+/* 1: the dot products in AVX2 and FMA, 0: in portable C (set at registration from the CPU;
+   ONNX_GENAI_KERNELS=portable forces 0, for the tests). */
+static int g_isa;
+
+/* Sum of 16 lanes as a tree (the compiler keeps it in vector registers). */
+static inline float sum16(const float* lanes) {
+  float t8[8], t4[4];
+  for (int l = 0; l < 8; ++l) t8[l] = lanes[l] + lanes[l + 8];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/* One task: the query heads of one KV head of one row, over one chunk of positions. The
+   chunk's keys and values (CHUNK x head_size floats each) come from memory once and stay
+   in the core's cache for the group's other query heads. Inlined with D a constant for
+   the common head sizes, so a query row and its accumulator live in registers. */
+static inline __attribute__((always_inline)) void attend(const Step* s, size_t task, const int64_t D) {
+  const int64_t chunk = (int64_t)task % s->chunks;
+  const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
+  const int64_t b = (int64_t)task / (s->chunks * s->kv_heads);
+  const int64_t total = (int64_t)s->seqlens[b] + 1;
+  const int64_t t0 = chunk * CHUNK;
+  const int64_t G = s->group;
+  float* out = s->partial + ((b * s->heads + g * G) * s->chunks + chunk) * (D + 2);
+  const int64_t stride = s->chunks * (D + 2); /* from one query head's partial to the next */
+  if (t0 >= total) { /* nothing in this chunk for this row: an empty partial */
+    for (int64_t j = 0; j < G; ++j) {
+      float* o = out + j * stride;
+      memset(o, 0, (size_t)D * sizeof(float));
+      o[D] = -INFINITY;
+      o[D + 1] = 0.0f;
+    }
+    return;
+  }
+  const int64_t n = (total - t0 < CHUNK) ? total - t0 : CHUNK;
+  const float* K = s->keys + ((b * s->kv_heads + g) * s->capacity + t0) * D;
+  const float* V = s->values + ((b * s->kv_heads + g) * s->capacity + t0) * D;
+  float scores[CHUNK];
+  float acc[MAX_HEAD];
+  for (int64_t j = 0; j < G; ++j) {
+    const float* q = s->q + (b * s->heads + g * G + j) * D;
+#ifdef HAVE_X86_PATHS
+    if (g_isa == 1 && D % 8 == 0)
+      dots_avx2(q, K, n, D, scores);
+    else
+#endif
+      for (int64_t t = 0; t < n; ++t) {
+        const float* k = K + t * D;
+        float lanes[16] = {0};
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16)
+          for (int l = 0; l < 16; ++l) lanes[l] += q[d + l] * k[d + l];
+        float dot = sum16(lanes);
+        for (; d < D; ++d) dot += q[d] * k[d];
+        scores[t] = dot;
+      }
+    float top[16];
+    for (int l = 0; l < 16; ++l) top[l] = -INFINITY;
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16)
+      for (int l = 0; l < 16; ++l) top[l] = scores[t + l] > top[l] ? scores[t + l] : top[l];
+    float m = top[0];
+    for (int l = 1; l < 16; ++l) m = top[l] > m ? top[l] : m;
+    for (; t < n; ++t) m = scores[t] > m ? scores[t] : m;
+    for (t = 0; t < n; ++t) scores[t] = exp_neg(scores[t] - m);
+    float lanes[16] = {0};
+    for (t = 0; t + 16 <= n; t += 16)
+      for (int l = 0; l < 16; ++l) lanes[l] += scores[t + l];
+    float sum = sum16(lanes);
+    for (; t < n; ++t) sum += scores[t];
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    for (t = 0; t < n; ++t) {
+      const float p = scores[t];
+      const float* v = V + t * D;
+      for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
+    }
+    float* o = out + j * stride;
+    memcpy(o, acc, (size_t)D * sizeof(float));
+    o[D] = m;
+    o[D + 1] = sum;
+  }
+}
+
+HOT static void attend_chunk(void* data, size_t task) {
+  const Step* s = (const Step*)data;
+  switch (s->head_size) {
+    case 64: attend(s, task, 64); break;
+    case 128: attend(s, task, 128); break;
+    default: attend(s, task, s->head_size); break;
+  }
+}
+
+static void rotate(float* x, const float* cos_row, const float* sin_row, int64_t rotary_dim, int interleaved) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cos_row[i], s = sin_row[i];
+    float* a = interleaved ? x + 2 * i : x + i;
+    float* b = interleaved ? x + 2 * i + 1 : x + i + half;
+    const float x1 = *a, x2 = *b;
+    *a = x1 * c - x2 * s;
+    *b = x2 * c + x1 * s;
+  }
+}
+
+typedef struct Tensor {
+  const OrtValue* value;
+  float* data;
+  int64_t dims[4];
+  size_t rank;
+  int elem;
+} Tensor;
+
+static OrtStatus* describe(const OrtValue* value, Tensor* t) {
+  OrtTensorTypeAndShapeInfo* info = NULL;
+  t->value = value;
+  TRY(API(GetTensorTypeAndShape)(value, &info));
+  OrtStatus* status = API(GetDimensionsCount)(info, &t->rank);
+  if (status == NULL && t->rank > 4) status = fail("GroupQueryAttention: tensor of rank above 4");
+  if (status == NULL) status = API(GetDimensions)(info, t->dims, t->rank);
+  if (status == NULL) status = API(GetTensorElementType)(info, &t->elem);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  if (status == NULL) status = API(GetTensorMutableData)((OrtValue*)value, (void**)&t->data);
+  return status;
+}
+
+static int64_t read_scalar(const OrtValue* value) {
+  Tensor t;
+  OrtStatus* status = describe(value, &t);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return -1;
+  }
+  return t.elem == ELEM_INT32 ? (int64_t)((const int32_t*)t.data)[0] : -1;
+}
+
+/* ONNX Runtime's own kernel, given outputs of the shapes it computes (InvokeOp wants them
+   allocated): output [batch, sequence, heads * head_size] and the present caches
+   [batch, kv_heads, max(total length, past buffer), head_size]. */
+static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
+  Tensor query, past;
+  TRY(describe(inputs[0], &query));
+  if (query.rank != 3) return fail("GroupQueryAttention: query must be [batch, sequence, hidden]");
+  const int64_t width = query.dims[2];
+  const int64_t D = inputs[1] == NULL ? width / (k->num_heads + 2 * k->kv_num_heads) : width / k->num_heads;
+  const int64_t total = read_scalar(inputs[6]);
+  int64_t present_len = total;
+  if (inputs[3] != NULL) {
+    TRY(describe(inputs[3], &past));
+    if (past.rank == 4 && past.dims[2] > present_len) present_len = past.dims[2];
+  }
+  const int64_t out_dims[3] = {query.dims[0], query.dims[1], k->num_heads * D};
+  const int64_t kv_dims[4] = {query.dims[0], k->kv_num_heads, present_len, D};
+  OrtValue* outputs[N_OUTPUTS] = {0};
+  TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
+  TRY(API(KernelContext_GetOutput)(context, 1, kv_dims, 4, &outputs[1]));
+  TRY(API(KernelContext_GetOutput)(context, 2, kv_dims, 4, &outputs[2]));
+  return API(InvokeOp)(context, k->fallback, inputs, N_INPUTS, outputs, N_OUTPUTS);
+}
+
+static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
+  const Kernel* k = (const Kernel*)p;
+  size_t n_inputs = 0;
+  TRY(API(KernelContext_GetInputCount)(context, &n_inputs));
+  if (n_inputs > N_INPUTS) n_inputs = N_INPUTS;
+  const OrtValue* inputs[N_INPUTS] = {0};
+  for (size_t i = 0; i < n_inputs; ++i) TRY(API(KernelContext_GetInput)(context, i, &inputs[i]));
+
+  Tensor query, past_key, past_value, seqlens;
+  int fast = inputs[0] != NULL && inputs[3] != NULL && inputs[4] != NULL && inputs[5] != NULL &&
+             k->softcap == 0.0f && k->local_window_size <= 0 && k->smooth_softmax == 0 &&
+             k->num_heads > 0;
+  if (k->do_rotary) fast = fast && n_inputs > 8 && inputs[7] != NULL && inputs[8] != NULL;
+  if (fast) {
+    TRY(describe(inputs[0], &query));
+    TRY(describe(inputs[3], &past_key));
+    TRY(describe(inputs[4], &past_value));
+    TRY(describe(inputs[5], &seqlens));
+    fast = query.rank == 3 && query.dims[1] == 1 && query.elem == ELEM_FLOAT && past_key.rank == 4 &&
+           past_key.elem == ELEM_FLOAT && past_value.rank == 4 && seqlens.rank == 1 &&
+           seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
+           past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
+           memcmp(past_key.dims, past_value.dims, sizeof past_key.dims) == 0;
+  }
+  OrtValue* outputs[N_OUTPUTS] = {0};
+  if (!fast) return run_fallback(k, context, inputs);
+  const int64_t B = query.dims[0], H = k->num_heads, KVH = k->kv_num_heads, D = past_key.dims[3];
+  const int64_t cap = past_key.dims[2];
+  const int packed = inputs[1] == NULL;
+  const int64_t width = packed ? (H + 2 * KVH) * D : H * D;
+  int shapes_ok = query.dims[2] == width;
+  Tensor key = {0}, value = {0}, cos_cache = {0}, sin_cache = {0};
+  if (!packed) {
+    shapes_ok = shapes_ok && inputs[2] != NULL;
+    if (shapes_ok) {
+      TRY(describe(inputs[1], &key));
+      TRY(describe(inputs[2], &value));
+      shapes_ok = key.elem == ELEM_FLOAT && value.elem == ELEM_FLOAT && key.rank == 3 && value.rank == 3 &&
+                  key.dims[1] == 1 && key.dims[2] == KVH * D && value.dims[2] == KVH * D;
+    }
+  }
+  if (k->do_rotary && shapes_ok) {
+    TRY(describe(inputs[7], &cos_cache));
+    TRY(describe(inputs[8], &sin_cache));
+    shapes_ok = cos_cache.rank == 2 && cos_cache.elem == ELEM_FLOAT && sin_cache.elem == ELEM_FLOAT &&
+                cos_cache.dims[1] * 2 <= D && memcmp(cos_cache.dims, sin_cache.dims, 2 * sizeof(int64_t)) == 0;
+  }
+  const int32_t* lengths = (const int32_t*)seqlens.data;
+  for (int64_t b = 0; b < B && shapes_ok; ++b)
+    shapes_ok = lengths[b] >= 0 && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
+
+  /* The outputs: the present caches must be the past ones (shared buffers). */
+  const int64_t out_dims[3] = {B, 1, H * D};
+  if (shapes_ok) {
+    TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
+    TRY(API(KernelContext_GetOutput)(context, 1, past_key.dims, 4, &outputs[1]));
+    TRY(API(KernelContext_GetOutput)(context, 2, past_value.dims, 4, &outputs[2]));
+  }
+  float *out = NULL, *present_k = NULL, *present_v = NULL;
+  if (shapes_ok) {
+    TRY(API(GetTensorMutableData)(outputs[0], (void**)&out));
+    TRY(API(GetTensorMutableData)(outputs[1], (void**)&present_k));
+    TRY(API(GetTensorMutableData)(outputs[2], (void**)&present_v));
+  }
+  if (!shapes_ok || present_k != past_key.data || present_v != past_value.data)
+    return run_fallback(k, context, inputs); /* same shapes asked again: the same outputs */
+
+  const int64_t G = H / KVH;
+  const float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
+  const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
+  float* q = (float*)malloc((size_t)(B * H * D) * sizeof(float));
+  float* partial = (float*)malloc((size_t)(B * H * chunks * (D + 2)) * sizeof(float));
+  if (q == NULL || partial == NULL) {
+    free(q);
+    free(partial);
+    return API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
+  }
+  const int64_t half = cos_cache.dims[1];
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t pos = lengths[b];
+    const float* row = query.data + b * width;
+    const float* kin = packed ? row + H * D : key.data + b * KVH * D;
+    const float* vin = packed ? row + (H + KVH) * D : value.data + b * KVH * D;
+    const float* c = k->do_rotary ? cos_cache.data + pos * half : NULL;
+    const float* s = k->do_rotary ? sin_cache.data + pos * half : NULL;
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q + (b * H + h) * D;
+      memcpy(qh, row + h * D, (size_t)D * sizeof(float));
+      if (k->do_rotary) rotate(qh, c, s, 2 * half, (int)k->rotary_interleaved);
+      for (int64_t d = 0; d < D; ++d) qh[d] *= scale;
+    }
+    for (int64_t g = 0; g < KVH; ++g) {
+      float* kd = present_k + ((b * KVH + g) * cap + pos) * D;
+      memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
+      if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
+      memcpy(present_v + ((b * KVH + g) * cap + pos) * D, vin + g * D, (size_t)D * sizeof(float));
+    }
+  }
+  Step step = {B, H, KVH, G, D, cap, chunks, lengths, q, present_k, present_v, partial};
+  OrtStatus* status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(B * KVH * chunks), 0, &step);
+  if (status == NULL) {
+    /* Combine each head's chunks: rescale to the largest maximum, then normalise. */
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* parts = partial + (b * H + h) * chunks * (D + 2);
+        float m = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
+        float* o = out + (b * H + h) * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        float sum = 0.0f;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float* part = parts + c * (D + 2);
+          if (part[D + 1] == 0.0f) continue;
+          const float w = expf(part[D] - m);
+          sum += w * part[D + 1];
+          for (int64_t d = 0; d < D; ++d) o[d] += w * part[d];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+      }
+    }
+  }
+  free(q);
+  free(partial);
+  return status;
+}
+
+static CustomOp g_op;
+static OrtCustomOpDomain* g_domain;
+
+/* Called by ONNX Runtime (SessionOptions.register_custom_ops_library). */
+ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
+  if (g_api == NULL) {
+#ifdef HAVE_X86_PATHS
+    __builtin_cpu_init();
+    const char* choice = getenv("ONNX_GENAI_KERNELS");
+    g_isa = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            !(choice != NULL && strcmp(choice, "portable") == 0);
+#endif
+    g_api = base->GetApi(API_VERSION);
+    if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.16 */
+  }
+  g_op.version = API_VERSION;
+  g_op.CreateKernel = NULL;
+  g_op.GetName = op_name;
+  g_op.GetExecutionProviderType = op_provider;
+  g_op.GetInputType = input_type;
+  g_op.GetInputTypeCount = input_count;
+  g_op.GetOutputType = output_type;
+  g_op.GetOutputTypeCount = output_count;
+  g_op.KernelCompute = kernel_compute_v1;
+  g_op.KernelDestroy = kernel_destroy;
+  g_op.GetInputCharacteristic = input_characteristic;
+  g_op.GetOutputCharacteristic = output_characteristic;
+  g_op.GetInputMemoryType = input_memory_type;
+  g_op.GetVariadicInputMinArity = variadic_arity;
+  g_op.GetVariadicInputHomogeneity = variadic_homogeneity;
+  g_op.GetVariadicOutputMinArity = variadic_arity;
+  g_op.GetVariadicOutputHomogeneity = variadic_homogeneity;
+  g_op.CreateKernelV2 = kernel_create;
+  g_op.KernelComputeV2 = kernel_compute;
+  if (g_domain == NULL) TRY(API(CreateCustomOpDomain)("engine.kernels", &g_domain));
+  static int added = 0;
+  if (!added) {
+    TRY(API(CustomOpDomain_Add)(g_domain, &g_op));
+    added = 1;
+  }
+  return API(AddCustomOpDomain)(options, g_domain);
+}

@@ -1,0 +1,182 @@
+"""The engine's GroupQueryAttention kernel (engine/kernels) against ONNX Runtime's own.
+
+Each case runs one GroupQueryAttention node in two real ONNX Runtime sessions: one with
+the node in ONNX Runtime's domain, one moved to the engine's (the library registered), on
+the same inputs, and compares the attention output and the caches. Decode steps (one new
+token per row, past and present sharing one buffer) run the engine's code; the rest
+(prefill chunks, caches that are not shared) must come back from ONNX Runtime's kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from engine import kernels
+from engine.model.graph_passes import KERNEL_DOMAIN
+
+pytestmark = pytest.mark.skipif(kernels.library() is None,
+                                reason="the engine's kernels were not built (no C compiler)")
+
+
+def _model(domain: str, heads: int, kv_heads: int, head: int, *, packed: bool, rotary: bool,
+           interleaved: bool, scale: float) -> bytes:
+    width = (heads + 2 * kv_heads) * head if packed else heads * head
+    names = ["query", "" if packed else "key", "" if packed else "value", "past_key",
+             "past_value", "seqlens_k", "total_sequence_length"]
+    cache = ["b", kv_heads, "c", head]
+    inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", width]),
+              helper.make_tensor_value_info("past_key", TensorProto.FLOAT, cache),
+              helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    if not packed:
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", kv_heads * head])
+                   for n in ("key", "value")]
+    if rotary:
+        names += ["cos_cache", "sin_cache"]
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["p", head // 2])
+                   for n in ("cos_cache", "sin_cache")]
+    node = helper.make_node(
+        "GroupQueryAttention", names, ["output", "present_key", "present_value"], domain=domain,
+        num_heads=heads, kv_num_heads=kv_heads, scale=scale, do_rotary=int(rotary),
+        rotary_interleaved=int(interleaved))
+    outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["b", "s", heads * head])]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", kv_heads, "t", head])
+                for n in ("present_key", "present_value")]
+    graph = helper.make_graph([node], "attention", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(KERNEL_DOMAIN, 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def _session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(str(kernels.library()))
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], *, shared: bool
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run with the caches bound as the engine binds them (past = present) or not."""
+    binding = session.io_binding()
+    binding.bind_output("output", "cpu")  # first: outputs come back in the order bound
+    caches = {n: feeds[n].copy() for n in ("past_key", "past_value")}
+    for name, value in feeds.items():
+        if name not in caches:
+            binding.bind_cpu_input(name, value)
+    for name, cache in caches.items():
+        binding.bind_input(name, "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+        if shared:
+            binding.bind_output(name.replace("past", "present"), "cpu", 0, np.float32,
+                                cache.shape, cache.ctypes.data)
+        else:
+            binding.bind_output(name.replace("past", "present"), "cpu")
+    session.run_with_iobinding(binding)
+    out = binding.copy_outputs_to_cpu()
+    if shared:
+        return out[0], caches["past_key"], caches["past_value"]
+    return out[0], out[1], out[2]
+
+
+def _feeds(rng: np.random.Generator, heads: int, kv_heads: int, head: int, lengths: list[int],
+           new: int, capacity: int, *, packed: bool, rotary: bool) -> dict[str, np.ndarray]:
+    rows = len(lengths)
+    width = (heads + 2 * kv_heads) * head if packed else heads * head
+    feeds = {
+        "query": rng.standard_normal((rows, new, width), dtype=np.float32),
+        "past_key": np.zeros((rows, kv_heads, capacity, head), np.float32),
+        "past_value": np.zeros((rows, kv_heads, capacity, head), np.float32),
+        # GroupQueryAttention's convention: each row's total length (past + new) - 1
+        "seqlens_k": np.array([n + new - 1 for n in lengths], np.int32),
+        "total_sequence_length": np.array(max(lengths) + new, np.int32),
+    }
+    for r, n in enumerate(lengths):  # each row's cache: its own length, zeros after it
+        feeds["past_key"][r, :, :n] = rng.standard_normal((kv_heads, n, head)) * 2
+        feeds["past_value"][r, :, :n] = rng.standard_normal((kv_heads, n, head))
+    if not packed:
+        feeds["key"] = rng.standard_normal((rows, new, kv_heads * head), dtype=np.float32)
+        feeds["value"] = rng.standard_normal((rows, new, kv_heads * head), dtype=np.float32)
+    if rotary:
+        angles = np.arange(capacity)[:, None] * 10000.0 ** (-np.arange(head // 2) / (head // 2))
+        feeds["cos_cache"] = np.cos(angles).astype(np.float32)
+        feeds["sin_cache"] = np.sin(angles).astype(np.float32)
+    return feeds
+
+
+def _compare(case: dict, lengths: list[int], new: int, *, shared: bool = True,
+             capacity: int = 1100) -> None:
+    heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
+    args = dict(packed=case["packed"], rotary=case["rotary"])
+    feeds = _feeds(np.random.default_rng(len(lengths) + new), heads, kv_heads, head, lengths,
+                   new, capacity, **args)
+    shape = dict(heads=heads, kv_heads=kv_heads, head=head, interleaved=case["interleaved"],
+                 scale=case["scale"], **args)
+    ours = _run(_session(_model(KERNEL_DOMAIN, **shape)), feeds, shared=shared)
+    theirs = _run(_session(_model("com.microsoft", **shape)), feeds, shared=shared)
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=2e-5)
+    for r, n in enumerate(lengths):  # the caches: every position a row holds
+        for mine, want in zip(ours[1:], theirs[1:], strict=True):
+            np.testing.assert_allclose(mine[r, :, :n + new], want[r, :, :n + new],
+                                       rtol=0, atol=1e-5)
+
+
+CASES = {
+    "smollm2 (9 heads over 3, 64, packed, rotary)":
+        dict(heads=9, kv_heads=3, head=64, packed=True, rotary=True, interleaved=False,
+             scale=0.125),
+    "multi-head (4 over 4, 24, separate k and v, no rotary)":
+        dict(heads=4, kv_heads=4, head=24, packed=False, rotary=False, interleaved=False,
+             scale=0.0),
+    "8 over 2, 128, interleaved rotary":
+        dict(heads=8, kv_heads=2, head=128, packed=True, rotary=True, interleaved=True,
+             scale=0.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths(case):
+    # one row empty, one within a chunk, two across several chunks of 256 positions
+    _compare(case, [0, 37, 700, 1023], new=1)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_a_prefill_chunk_is_computed_by_onnx_runtimes_kernel(case):
+    _compare(case, [300], new=5)
+    _compare(case, [0], new=9)
+
+
+def test_caches_that_are_not_shared_are_left_to_onnx_runtimes_kernel():
+    case = CASES["smollm2 (9 heads over 3, 64, packed, rotary)"]
+    _compare(case, [40, 513], new=1, shared=False, capacity=600)
+
+
+def test_large_scores_do_not_overflow_the_softmax():
+    """Scores of several hundred (a large scale on big keys): each chunk's maximum is
+    taken out before the exponent, as in ONNX Runtime's softmax."""
+    case = dict(CASES["smollm2 (9 heads over 3, 64, packed, rotary)"], scale=8.0)
+    _compare(case, [600], new=1)
+
+
+def test_the_portable_loops_match_too(tmp_path):
+    """Where the CPU lacks AVX2 and FMA the dot products run in plain C loops: the decode
+    cases again, in a process told to take them (the choice is made once per process)."""
+    if os.environ.get(kernels.ENV) == "portable":
+        pytest.skip("this process is the portable run")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+         str(tmp_path / "run"),
+         f"{__file__}::test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths"],
+        env={**os.environ, kernels.ENV: "portable"}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "3 passed" in done.stdout
