@@ -30,7 +30,7 @@ def _model(domain: str, heads: int, kv_heads: int, head: int, *, packed: bool, r
     width = (heads + 2 * kv_heads) * head if packed else heads * head
     names = ["query", "" if packed else "key", "" if packed else "value", "past_key",
              "past_value", "seqlens_k", "total_sequence_length"]
-    cache = ["b", kv_heads, "c", head]
+    cache: list[str | int] = ["b", kv_heads, "c", head]
     inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", width]),
               helper.make_tensor_value_info("past_key", TensorProto.FLOAT, cache),
               helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache),

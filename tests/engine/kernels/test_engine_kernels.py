@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -121,11 +123,15 @@ def test_concurrent_answers_are_the_same_with_and_without_the_kernel(genai_model
         engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=2, max_batch=4,
                                                            own_kernels=own))
         scheduler = Scheduler(engine)
-        results: list = [None] * len(prompts)
+        results: list[Any] = [None] * len(prompts)
+
+        def sink(i: int) -> Callable[[Any], None]:
+            return lambda item: results.__setitem__(i, item)
+
         for i, ids in enumerate(prompts):
             request = GenerateRequest(token_ids=tuple(ids), options=GenerateOptions(
                 max_new_tokens=16, temperature=0.0, stop_on_eos=False))
-            scheduler.submit(request, lambda item, i=i: results.__setitem__(i, item))
+            scheduler.submit(request, sink(i))
         while scheduler.step():
             pass
         assert scheduler.batched_steps > 0  # the rows decoded together
