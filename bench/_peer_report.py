@@ -110,6 +110,17 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
                   f"{_fmt(row['og']['decode_tok_s'])} / {_fmt(spun)} | "
                   f"{_fmt(row['decode_tok_s_ours/og-spin'], 2)} | "
                   f"{_fmt(row['decode_tok_s_og-spin/og'], 2)} |")
+    if _single_arm(runs, "ours-gqa", lens[0]) is not None:
+        print("\n| prompt | decode tok/s ours (engine/kernels' attention) / ours-gqa (ONNX "
+              "Runtime's GroupQueryAttention) | ratio |")
+        print("|---|---|---|")
+        for n in lens:
+            plain = _best(_vals(_single_arm(runs, "ours-gqa", n) or [], "decode_tok_s"))
+            row = out[str(n)]
+            row["ours-gqa"] = {"decode_tok_s": plain}
+            row["decode_tok_s_ours/ours-gqa"] = _ratio(row["ours"]["decode_tok_s"], plain)
+            print(f"| {n} | {_fmt(row['ours']['decode_tok_s'])} / {_fmt(plain)} | "
+                  f"{_fmt(row['decode_tok_s_ours/ours-gqa'], 2)} |")
     print("\n| prompt | peak RSS MiB ours / og / llama.cpp | idle CPU s/s (median) |")
     print("|---|---|---|")
     for n in lens:
@@ -141,8 +152,10 @@ def _first(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _fim(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for eng in ("ours", "og", "llama"):
-        arms = {eng: [], eng + "2": []}  # type: dict[str, list[list[float]]]
+    for eng in ("ours", "og", "llama", "ours-gqa"):
+        # ours-gqa: a single arm (no control), ONNX Runtime's attention kernel
+        names = (eng,) if eng == "ours-gqa" else (eng, eng + "2")
+        arms: dict[str, list[list[float]]] = {a: [] for a in names}
         recomputed: list[int] = []
         for r in runs:
             if r["kind"] == "fim" and r["arm"] in arms:
@@ -164,7 +177,7 @@ def _fim(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for eng, row in out.items():
         print(f"| {eng} | {_fmt(row['cold_ms'])} | {_fmt(row['edit_median_ms'])} | "
               f"{row['recomputed_median']:.0f} | {_fmt(row['control'], 3)} |")
-    for peer in PEERS:
+    for peer in (*PEERS, "ours-gqa"):
         if peer in out and "ours" in out:
             out[f"{peer}/ours"] = _ratio(out[peer]["edit_median_ms"],
                                          out["ours"]["edit_median_ms"])

@@ -25,13 +25,19 @@ ALL_ROWS_ARM = "ours-rows"
 #: onnxruntime-genai given our engine's thread spin (engine.config.SPIN_US) instead of
 #: ONNX Runtime's own: what that setting alone gives og, in the same run
 OG_SPIN_ARM = "og-spin"
+#: ours with ONNX Runtime's GroupQueryAttention kernel throughout (EngineConfig.own_kernels
+#: off, engine/kernels unused): what the engine's decode-attention kernel gains, same run
+OURS_GQA_ARM = "ours-gqa"
+#: The single arms, in the order the decode workload runs them
+SINGLE_ARMS = (ALL_ROWS_ARM, OG_SPIN_ARM, OURS_GQA_ARM)
 
 
 def ours_fim(model: Path, prompts: list[list[int]], new_tokens: int,
-             threads: int, settle: bool = True) -> dict[str, Any]:
+             threads: int, settle: bool = True, own_kernels: bool = True) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
-    engine = Engine.load(model, EngineConfig(intra_op_threads=threads))
+    engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
+                                             own_kernels=own_kernels))
     opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens)
     rows: list[dict[str, Any]] = []
     waited_ms = 0.0
@@ -212,13 +218,17 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             mode = "prompt_lookup" if job.get("lookup") else "none"
             out = _workers.run_ours(model, ids, data["warmup"], n, threads, spin=True,
                                     speculative_mode=mode, idle_s=job.get("idle_s", 0.0),
-                                    prune_logits=job["arm"] != ALL_ROWS_ARM)
+                                    prune_logits=job["arm"] != ALL_ROWS_ARM,
+                                    own_kernels=job["arm"] != OURS_GQA_ARM)
     elif kind == "first":
         out = first_request(model, data["decode"][str(job["prompt_len"])], 32, threads,
                             job["arm"])
     elif kind == "fim":
-        fim = ours_fim if engine == "ours" else og_fim
-        out = fim(model, data["fim"], job["new_tokens"], threads)
+        if engine == "ours":
+            out = ours_fim(model, data["fim"], job["new_tokens"], threads,
+                           own_kernels=job["arm"] != OURS_GQA_ARM)
+        else:
+            out = og_fim(model, data["fim"], job["new_tokens"], threads)
     elif engine == "ours":
         out = ours_streams(model, data["streams"], job["new_tokens"], threads)
     else:

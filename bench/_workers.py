@@ -74,7 +74,7 @@ def model_vocab(model: Path) -> int:
 def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
              threads: int, spin: bool, speculative_mode: str = "none",
              huge_pages: bool = True, idle_s: float = 0.0,
-             prune_logits: bool = True) -> dict[str, Any]:
+             prune_logits: bool = True, own_kernels: bool = True) -> dict[str, Any]:
     from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
     # `ours` is the engine's default (a 20 µs spin, engine.config.SPIN_US); `ours-nospin`
@@ -85,6 +85,8 @@ def run_ours(model: Path, prompt: list[int], warmup: list[int], new_tokens: int,
     knob["huge_pages"] = huge_pages
     # prune_logits off: the LM head runs for every prompt row, as the graph was exported
     knob["prune_logits"] = prune_logits
+    # own_kernels off: ONNX Runtime's GroupQueryAttention kernel instead of engine/kernels
+    knob["own_kernels"] = own_kernels
     t0 = time.perf_counter()
     eng = Engine.load(model, EngineConfig(intra_op_threads=threads, **knob))
     load_ms = (time.perf_counter() - t0) * 1e3

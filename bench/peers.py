@@ -16,9 +16,11 @@ Workloads (bench/README.md, "Peers", explains each number):
 - ``decode``: 256 greedy tokens after 32, 512 and 2,000-token prompts (fixed random ids);
   decode and prefill tok/s, the first request's TTFT (the warm-up), peak RSS, and the CPU
   the loaded engine burns in the 2 s after a request (idle CPU). Two single arms beside
-  them: ``ours-rows`` (the LM head on every prompt row, as exported) and ``og-spin``
-  (onnxruntime-genai given our engine's 20 µs thread spin instead of ONNX Runtime's own,
-  which is og's default): what each of those settings alone is worth.
+  them (``--single-arms``): ``ours-rows`` (the LM head on every prompt row, as exported),
+  ``og-spin`` (onnxruntime-genai given our engine's 20 µs thread spin instead of ONNX
+  Runtime's own, which is og's default) and ``ours-gqa`` (ONNX Runtime's
+  GroupQueryAttention kernel instead of the engine's, engine/kernels; in ``fim`` too):
+  what each of those settings alone is worth.
 - ``first``: the first request right after a load (512-token prompt, 32 tokens), no
   warm-up: ours as shipped (the huge-page collapse of the weights waits for a pause in
   the requests), ours without huge pages, onnxruntime-genai.
@@ -56,7 +58,7 @@ if str(REPO) not in sys.path:
 
 from bench import _workers  # noqa: E402
 from bench._fresh import run_worker  # noqa: E402
-from bench._peer_workers import ALL_ROWS_ARM, OG_SPIN_ARM  # noqa: E402
+from bench._peer_workers import OURS_GQA_ARM, SINGLE_ARMS  # noqa: E402
 from bench.speculative import EDIT_SOURCES  # noqa: E402
 
 OUT = REPO / "bench" / "out"
@@ -222,17 +224,19 @@ def _busy_loop() -> None:
         pass
 
 
-def jobs_for(workloads: list[str], prompt_lens: list[int]) -> list[dict[str, Any]]:
+def jobs_for(workloads: list[str], prompt_lens: list[int],
+             single_arms: tuple[str, ...] = SINGLE_ARMS) -> list[dict[str, Any]]:
     arms = [e + suffix for e in ENGINES for suffix in ("", "2")]
     jobs: list[dict[str, Any]] = []
     if "decode" in workloads:
         jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens
-                 for a in [*arms, ALL_ROWS_ARM, OG_SPIN_ARM]]
+                 for a in [*arms, *single_arms]]
     if "first" in workloads:
         jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens[1:2]
                  for a in FIRST_ARMS]
     if "fim" in workloads:
-        jobs += [{"kind": "fim", "arm": a} for a in arms]
+        jobs += [{"kind": "fim", "arm": a} for a in
+                 [*arms, *(a for a in single_arms if a == OURS_GQA_ARM)]]
     if "streams" in workloads:
         jobs += [{"kind": "streams", "arm": a} for a in ("ours", "ours2", "og", "llama")]
     if "spec" in workloads:
@@ -267,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-lens", default="32,512,2000")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside the run")
+    p.add_argument("--single-arms", default=",".join(SINGLE_ARMS),
+                   help="the uncontrolled arms beside the engines (comma-separated; "
+                        "'' for none)")
     p.add_argument("--quick", action="store_true", help="1 round, short: checks the script")
     p.add_argument("--model", type=Path, default=MODEL)
     p.add_argument("--out", type=Path, default=OUT)
@@ -289,7 +296,12 @@ def main(argv: list[str] | None = None) -> int:
               "new_tokens": args.new_tokens, "idle_s": 2.0,
               "prompts": str(prepare(args.model, args.out, lens, args.new_tokens,
                                      3 if args.quick else FIM_EDITS))}
-    jobs = jobs_for(workloads, lens)
+    single = tuple(a for a in args.single_arms.split(",") if a)
+    unknown = set(single) - set(SINGLE_ARMS)
+    if unknown:
+        raise SystemExit(f"unknown --single-arms {sorted(unknown)}: the arms are "
+                         f"{', '.join(SINGLE_ARMS)}")
+    jobs = jobs_for(workloads, lens, single)
     busy = [multiprocessing.Process(target=_busy_loop, daemon=True) for _ in range(args.busy)]
     for proc in busy:
         proc.start()
