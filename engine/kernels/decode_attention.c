@@ -39,6 +39,11 @@
 #else
 #define HOT
 #endif
+#if defined(_MSC_VER)
+#define ALWAYS_INLINE __forceinline
+#else
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#endif
 
 /* ---- the C API, as far as this file uses it ------------------------------------ */
 
@@ -58,8 +63,12 @@ typedef struct {
   const char*(ORT_CALL* GetVersionString)(void);
 } OrtApiBase;
 
-/* The API version asked for: the oldest that has every entry used here (1.16). */
-#define API_VERSION 16
+/* The API version asked for: that of the oldest ONNX Runtime the engine supports (1.20;
+   pyproject.toml), which has every entry used here. */
+#define API_VERSION 20
+/* The version of the OrtCustomOp table below: 16 has CreateKernelV2 and KernelComputeV2
+   (which can return an error) and none of the members added after them. */
+#define OP_VERSION 16
 
 /* Indices of the entries used, in the API table. */
 enum {
@@ -147,7 +156,7 @@ typedef struct Kernel {
   OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention */
 } Kernel;
 
-/* The OrtCustomOp table, in its member order (version 16 of the struct). */
+/* The OrtCustomOp table, in its member order (OP_VERSION of the struct). */
 typedef struct CustomOp {
   uint32_t version;
   void*(ORT_CALL* CreateKernel)(const void*, const void*, const OrtKernelInfo*);
@@ -364,7 +373,7 @@ static inline float sum16(const float* lanes) {
    chunk's keys and values (CHUNK x head_size floats each) come from memory once and stay
    in the core's cache for the group's other query heads. Inlined with D a constant for
    the common head sizes, so a query row and its accumulator live in registers. */
-static inline __attribute__((always_inline)) void attend(const Step* s, size_t task, const int64_t D) {
+static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
   const int64_t chunk = (int64_t)task % s->chunks;
   const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
   const int64_t b = (int64_t)task / (s->chunks * s->kv_heads);
@@ -545,7 +554,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       TRY(describe(inputs[1], &key));
       TRY(describe(inputs[2], &value));
       shapes_ok = key.elem == ELEM_FLOAT && value.elem == ELEM_FLOAT && key.rank == 3 && value.rank == 3 &&
-                  key.dims[1] == 1 && key.dims[2] == KVH * D && value.dims[2] == KVH * D;
+                  key.dims[0] == B && value.dims[0] == B && key.dims[1] == 1 && value.dims[1] == 1 &&
+                  key.dims[2] == KVH * D && value.dims[2] == KVH * D;
     }
   }
   if (k->do_rotary && shapes_ok) {
@@ -649,9 +659,9 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
             !(choice != NULL && strcmp(choice, "portable") == 0);
 #endif
     g_api = base->GetApi(API_VERSION);
-    if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.16 */
+    if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.20 */
   }
-  g_op.version = API_VERSION;
+  g_op.version = OP_VERSION;
   g_op.CreateKernel = NULL;
   g_op.GetName = op_name;
   g_op.GetExecutionProviderType = op_provider;

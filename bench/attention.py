@@ -1,0 +1,167 @@
+"""Decode attention alone: the engine's kernel (engine/kernels) against ONNX Runtime's.
+
+One decode step's attention for every layer of the built-in model's shape (30 layers,
+9 query heads over 3 KV heads of 64, RoPE in the node, fp32 cache shared by past and
+present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
+node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
+``ours-portable``: its plain C loops instead of AVX2), at several cache lengths. Every arm
+and length runs in a fresh process, order rotated each round; the best of the rounds
+counts. Reports ms per step (30 layers), the cache bytes read per ms (each position's key
+and value once per KV head), and the ratios.
+
+    .venv/bin/python -m bench.attention [--lens 512,2000,4000,8000] [--rounds 5] [--threads 2]
+
+Writes bench/out/attention.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench._fresh import run_worker  # noqa: E402
+
+OUT = REPO / "bench" / "out"
+ARMS = ("ort", "ours", "ours-portable")
+LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
+
+
+def _graph(domain: str, capacity: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    from engine.model.graph_passes import KERNEL_DOMAIN
+
+    width = (HEADS + 2 * KV_HEADS) * HEAD
+    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, 1, width]),
+              helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1]),
+              helper.make_tensor_value_info("total", TensorProto.INT32, []),
+              helper.make_tensor_value_info("cos", TensorProto.FLOAT, [capacity, HEAD // 2]),
+              helper.make_tensor_value_info("sin", TensorProto.FLOAT, [capacity, HEAD // 2])]
+    nodes, outputs = [], []
+    cache = [1, KV_HEADS, capacity, HEAD]
+    for i in range(LAYERS):
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total",
+                                    "cos", "sin"], [f"o{i}", f"k{i}", f"v{i}"],
+            domain=domain, num_heads=HEADS, kv_num_heads=KV_HEADS, do_rotary=1,
+            scale=HEAD ** -0.5))
+        inputs += [helper.make_tensor_value_info(f"p{kv}{i}", TensorProto.FLOAT, cache)
+                   for kv in "kv"]
+        outputs += [helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT,
+                                                  [1, 1, HEADS * HEAD])]
+        outputs += [helper.make_tensor_value_info(f"{kv}{i}", TensorProto.FLOAT, cache)
+                    for kv in "kv"]
+    model = helper.make_model(
+        helper.make_graph(nodes, "attention", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+                       helper.make_opsetid(KERNEL_DOMAIN, 1)])
+    model.ir_version = 9
+    return bytes(model.SerializeToString())
+
+
+def worker(arm: str, length: int, threads: int, steps: int) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    from engine import kernels
+    from engine.config import SPIN_US
+    from engine.model.graph_passes import KERNEL_DOMAIN
+
+    library = kernels.library()
+    if arm != "ort" and library is None:
+        raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
+    capacity = length + 64
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(
+        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity), options,
+        providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    binding = session.io_binding()
+    keep = []
+    for i in range(LAYERS):
+        for kv in "kv":
+            cache = rng.standard_normal((1, KV_HEADS, capacity, HEAD), dtype=np.float32)
+            keep.append(cache)
+            binding.bind_input(f"p{kv}{i}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+            binding.bind_output(f"{kv}{i}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+        binding.bind_output(f"o{i}", "cpu")
+    angles = np.arange(capacity)[:, None] * 10000.0 ** (-np.arange(HEAD // 2) / (HEAD // 2))
+    binding.bind_cpu_input("cos", np.cos(angles).astype(np.float32))
+    binding.bind_cpu_input("sin", np.sin(angles).astype(np.float32))
+    binding.bind_cpu_input("qkv", rng.standard_normal(
+        (1, 1, (HEADS + 2 * KV_HEADS) * HEAD), dtype=np.float32))
+    binding.bind_cpu_input("seqlens", np.array([length - 1], np.int32))
+    binding.bind_cpu_input("total", np.array(length, np.int32))
+    for _ in range(5):
+        session.run_with_iobinding(binding)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    ms = times[len(times) // 2] * 1e3
+    read = LAYERS * 2 * KV_HEADS * length * HEAD * 4  # bytes of cache a step reads
+    return {"arm": arm, "length": length, "step_ms": ms, "best_ms": times[0] * 1e3,
+            "gb_s": read / ms / 1e6}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lens", default="512,2000,4000,8000")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        arm, length = args.worker[0], int(args.worker[1])
+        if arm == "ours-portable":
+            os.environ["ONNX_GENAI_KERNELS"] = "portable"  # read by the library at load
+        print(json.dumps(worker(arm, length, args.threads, args.steps)), flush=True)
+        return 0
+    lens = [int(n) for n in args.lens.split(",") if n]
+    jobs = [(a, n) for n in lens for a in ARMS]
+    runs: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        shift = (rnd * 5) % len(jobs)
+        for arm, n in jobs[shift:] + jobs[:shift]:
+            result = run_worker("bench.attention", "--threads", str(args.threads), "--steps",
+                                str(args.steps), "--worker", arm, str(n))
+            runs.append({**result, "round": rnd, "loadavg": os.getloadavg()})
+            print(f"round {rnd} {arm} {n}: {result['step_ms']:.2f} ms", flush=True)
+    print("\n| cache length | ms per step (30 layers) ort / ours / ours-portable | "
+          "GB/s of cache read, ours | ort / ours | ours-portable / ours |")
+    print("|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    for n in lens:
+        best = {a: min(r["step_ms"] for r in runs if r["arm"] == a and r["length"] == n)
+                for a in ARMS}
+        gb_s = max(r["gb_s"] for r in runs if r["arm"] == "ours" and r["length"] == n)
+        summary[str(n)] = {**best, "ours_gb_s": gb_s, "ort/ours": best["ort"] / best["ours"],
+                           "portable/ours": best["ours-portable"] / best["ours"]}
+        print(f"| {n} | {best['ort']:.2f} / {best['ours']:.2f} / {best['ours-portable']:.2f} "
+              f"| {gb_s:.1f} | {best['ort'] / best['ours']:.2f} | "
+              f"{best['ours-portable'] / best['ours']:.2f} |")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "attention.json").write_text(json.dumps(
+        {"summary": summary, "runs": runs, "rounds": args.rounds, "threads": args.threads},
+        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
