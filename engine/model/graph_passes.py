@@ -190,15 +190,24 @@ def _offset_corrected(graph: _Graph, add: _GraphNode, producer: dict[str, _Graph
     return None
 
 
-def keep_last_logits(data: bytes, logits: str) -> bytes | None:
-    """`data` (an ONNX model) with a `logits_to_keep` input, or None when it does not apply."""
+def _parse(data: bytes) -> tuple[memoryview, _Graph] | None:
+    """The model's bytes and its graph, or None for a graph too large to copy or bytes
+    that are not a model (a pass then leaves the model alone)."""
     if len(data) > MAX_GRAPH_BYTES:
         return None
     view = memoryview(data)
     try:
-        graph = _read_graph(view)
+        return view, _read_graph(view)
     except ScanError:
         return None
+
+
+def keep_last_logits(data: bytes, logits: str) -> bytes | None:
+    """`data` (an ONNX model) with a `logits_to_keep` input, or None when it does not apply."""
+    parsed = _parse(data)
+    if parsed is None:
+        return None
+    view, graph = parsed
     shape = graph.outputs.get(logits)
     if shape is None or len(shape) != 3 or shape[1] == 1 or LOGITS_TO_KEEP in graph.inputs:
         return None
@@ -267,13 +276,10 @@ def own_attention(data: bytes) -> bytes | None:
     (engine/kernels/decode_attention.c: the same inputs, outputs and attributes; its own
     decode step, ONNX Runtime's kernel for everything else), or None when no node
     qualifies. The caller registers the kernel's library with the session."""
-    if len(data) > MAX_GRAPH_BYTES:
+    parsed = _parse(data)
+    if parsed is None:
         return None
-    view = memoryview(data)
-    try:
-        graph = _read_graph(view)
-    except ScanError:
-        return None
+    view, graph = parsed
     float_kv = graph_input_types(view)
     g0, g1 = graph.span
     out = bytearray()
