@@ -96,7 +96,7 @@ enum {
   SLOT_KernelContext_ParallelFor = 274,
 };
 
-enum { ELEM_FLOAT = 1, ELEM_INT64 = 7, ELEM_INT32 = 6 };
+enum { ELEM_FLOAT = 1, ELEM_INT32 = 6 };
 enum { OP_ATTR_INT = 1, OP_ATTR_FLOAT = 3 };
 enum { INPUT_REQUIRED = 0, INPUT_OPTIONAL = 1 };
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
@@ -462,7 +462,6 @@ static void rotate(float* x, const float* cos_row, const float* sin_row, int64_t
 }
 
 typedef struct Tensor {
-  const OrtValue* value;
   float* data;
   int64_t dims[4];
   size_t rank;
@@ -471,7 +470,6 @@ typedef struct Tensor {
 
 static OrtStatus* describe(const OrtValue* value, Tensor* t) {
   OrtTensorTypeAndShapeInfo* info = NULL;
-  t->value = value;
   TRY(API(GetTensorTypeAndShape)(value, &info));
   OrtStatus* status = API(GetDimensionsCount)(info, &t->rank);
   if (status == NULL && t->rank > 4) status = fail("GroupQueryAttention: tensor of rank above 4");

@@ -47,7 +47,8 @@ class _GraphNode:
 class _Graph:
     span: tuple[int, int]
     nodes: list[_GraphNode] = field(default_factory=list)
-    inputs: set[str] = field(default_factory=set)
+    #: Each graph input's element type (TensorProto.DataType).
+    inputs: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, list[int | str | None]] = field(default_factory=dict)
     initializers: set[str] = field(default_factory=set)
     #: Small int64 initializers' values (shapes, axes), to check a Reshape keeps the rows.
@@ -75,7 +76,7 @@ def _read_graph(view: memoryview) -> _Graph:
         elif number in (11, 12):
             info = _scan_value_info(r.sub(value))
             if number == 11:
-                graph.inputs.add(info.name)
+                graph.inputs[info.name] = info.elem_type
             else:
                 graph.outputs[info.name] = info.shape
     return graph
@@ -235,13 +236,18 @@ def keep_last_logits(data: bytes, logits: str) -> bytes | None:
         out += view[g.end:readers[i + 1].start if i + 1 < len(readers) else g1]
     out += b"".join(proto._bytes(5, t) for t in constants)
     out += proto._bytes(11, proto.value_info(LOGITS_TO_KEEP, proto.INT64, [1]))
-    # the model: every field as it was, the graph's with its new bytes
+    return _with_graph(view, bytes(out))
+
+
+def _with_graph(view: memoryview, graph: bytes, extra: bytes = b"") -> bytes:
+    """The model: every field as it was, the graph's with its new bytes, then `extra`
+    (more model fields)."""
     model = bytearray()
     r = _Reader(view)
     for number, wire, _ in r.fields():
-        model += proto._bytes(7, bytes(out)) if (number, wire) == (7, 2) \
+        model += proto._bytes(7, graph) if (number, wire) == (7, 2) \
             else view[r.field_start:r.pos]
-    return bytes(model)
+    return bytes(model + extra)
 
 
 def _rename_first_input(view: memoryview, g: _GraphNode, name: str) -> bytes:
@@ -280,7 +286,6 @@ def own_attention(data: bytes) -> bytes | None:
     if parsed is None:
         return None
     view, graph = parsed
-    float_kv = graph_input_types(view)
     g0, g1 = graph.span
     out = bytearray()
     pos = g0
@@ -288,7 +293,7 @@ def own_attention(data: bytes) -> bytes | None:
     for g in graph.nodes:
         if g.node.op_type != "GroupQueryAttention":
             continue
-        node = _own_attention_node(view, g, float_kv)
+        node = _own_attention_node(view, g, graph.inputs)
         if node is None:
             continue
         out += view[pos:g.start]
@@ -298,28 +303,8 @@ def own_attention(data: bytes) -> bytes | None:
     if not moved:
         return None
     out += view[pos:g1]
-    model = bytearray()
-    r = _Reader(view)
-    for number, wire, _ in r.fields():
-        model += proto._bytes(7, bytes(out)) if (number, wire) == (7, 2) \
-            else view[r.field_start:r.pos]
-    model += proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
-    return bytes(model)
-
-
-def graph_input_types(view: memoryview) -> dict[str, int]:
-    """The element type of each graph input (TensorProto.DataType)."""
-    top = _Reader(view)
-    span = next((v for n, w, v in top.fields() if n == 7 and w == 2), None)
-    types: dict[str, int] = {}
-    if span is None:
-        return types
-    r = top.sub(span)
-    for number, wire, value in r.fields():
-        if number == 11 and wire == 2:
-            info = _scan_value_info(r.sub(value))
-            types[info.name] = info.elem_type
-    return types
+    opset = proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
+    return _with_graph(view, bytes(out), opset)
 
 
 def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, int]

@@ -169,11 +169,13 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
     on_cpu = choose_providers(provider, available_providers()) == ["CPUExecutionProvider"]
     if not on_cpu:
         return None, spec
-    graph = None
-    if config.prune_logits:
-        graph = keep_last_logits(model_file.read_bytes(), spec.logits)
-        if graph is not None:
-            spec = dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)
-    if config.own_kernels and kernels.library() is not None:
-        graph = own_attention(graph if graph is not None else model_file.read_bytes()) or graph
+    own = config.own_kernels and kernels.library() is not None
+    if not (config.prune_logits or own):
+        return None, spec
+    data = model_file.read_bytes()
+    graph = keep_last_logits(data, spec.logits) if config.prune_logits else None
+    if graph is not None:
+        spec = dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)
+    if own:
+        graph = own_attention(graph if graph is not None else data) or graph
     return graph, spec
