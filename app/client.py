@@ -30,6 +30,17 @@ from app.sse import SseEvent, SseParser
 _STATUS = QNetworkRequest.Attribute.HttpStatusCodeAttribute
 
 
+def server_root(url: str) -> str:
+    """The server's root from a URL as users copy it: OpenAI's client, vLLM, LM Studio and
+    Ollama document ``http://host:port/v1``, while this client adds ``/v1/...`` (and the
+    llama.cpp and Ollama routes at the root) itself. A final ``/v1`` segment and trailing
+    slashes are dropped; any other path (a proxy's prefix) is kept."""
+    root = url.strip().rstrip("/")
+    if root.lower().endswith("/v1"):
+        root = root[:-3].rstrip("/")
+    return root
+
+
 @dataclass(frozen=True)
 class ApiFailure:
     """A failed call, in words a user can act on."""
@@ -306,7 +317,7 @@ class WorkerClient(QObject):
 
     def configure(self, base_url: str, api_key: str | None = None,
                   admin_token: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = server_root(base_url)
         self.api_key = api_key or None
         self.admin_token = admin_token or None
         self.configured.emit(self.base_url)

@@ -110,7 +110,7 @@ class SettingsView(QWidget):
         box = QGroupBox("Remote server (instead of the local worker)")
         form = QFormLayout(box)
         self.remote_url = named(QLineEdit(), "remoteUrl")
-        self.remote_url.setPlaceholderText("e.g. http://192.168.1.20:8000 — empty: run "
+        self.remote_url.setPlaceholderText("e.g. http://192.168.1.20:8000/v1 — empty: run "
                                            "models on this computer")
         form.addRow("OpenAI-compatible URL", self.remote_url)
         return box

@@ -142,11 +142,14 @@ def test_chat_and_code_against_llama_cpp_pythons_server(qtbot, window, tmp_path)
         assert caps.path in ("suffix", "prefix")
 
 
+@pytest.mark.parametrize("suffix", ["", "/v1", "/v1/"])
 def test_the_remote_selftest_reports_chat_and_completion_through_the_apps_path(
-        qtbot, standin_url, capsys):
+        qtbot, standin_url, capsys, suffix):
+    """``http://host:port/v1`` (the form OpenAI's client, vLLM, LM Studio and Ollama
+    document) works the same as the server's root."""
     from app.remote_check import run_remote_selftest
 
-    assert run_remote_selftest(standin_url, None, 60) == 0
+    assert run_remote_selftest(standin_url + suffix, None, 60) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["models"] == [standin.MODEL]
     assert report["chat"]["text"] == standin.ANSWER
@@ -164,3 +167,23 @@ def test_a_server_that_does_not_answer_is_said_so_in_the_status(qtbot, window):
     assert text.startswith(f"The server at http://127.0.0.1:{port} did not list its models: "
                            "the worker did not answer")
     assert "Check the URL" in text and "))" not in text
+
+
+@pytest.mark.parametrize(("typed", "root"), [
+    ("http://10.0.0.2:8000/v1", "http://10.0.0.2:8000"),
+    ("http://10.0.0.2:8000/V1/", "http://10.0.0.2:8000"),
+    (" http://host:1234/ ", "http://host:1234"),
+    ("https://proxy.example/llm/v1", "https://proxy.example/llm"),
+    ("https://proxy.example/llm", "https://proxy.example/llm"),
+    ("http://host/v10", "http://host/v10"),
+])
+def test_a_url_ending_in_v1_names_the_same_server(typed, root):
+    from app.client import server_root
+
+    assert server_root(typed) == root
+
+
+def test_the_settings_page_connects_through_a_v1_url(qtbot, window, standin_url):
+    caps, _ = connect(qtbot, window, standin_url + "/v1")
+    assert caps.models == [standin.MODEL]
+    assert window.ctx.client.base_url == standin_url
