@@ -72,6 +72,9 @@ class GenerateResult:
     prompt_tokens_dropped: int = 0
     #: Proposed / accepted tokens when speculative decoding ran.
     speculation: SpeculativeStats | None = None
+    #: A reasoning model's thoughts (``<think>…</think>``, tags left out); ``text`` is
+    #: then the answer alone (engine.text.reasoning).
+    thoughts: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,6 @@ class GenerateEvent:
     logprob: TokenLogprob | None
     timestamp: float
     result: GenerateResult | None = None
+    #: Thought text that became stable with this event (reasoning models; ``text`` is the
+    #: answer's part).
+    thought: str = ""
