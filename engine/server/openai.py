@@ -66,6 +66,7 @@ from engine.server.tools import (
     template_choice,
 )
 from engine.text.fim_plain import fim_layout
+from engine.text.reasoning import describe_reasoning
 from engine.text.tokenizer import ChatMessage, Tokenizer
 from engine.text.tool_parse import CallParser
 
@@ -95,6 +96,7 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
                      "capabilities": ["completion", "chat", "tools"]
                      if engine.tokenizer.has_chat_template else ["completion"],
                      "tool_calls": capabilities(model),
+                     "reasoning": describe_reasoning(engine.tokenizer),
                      "path": str(model.path)}}
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ThinkTags", "ThoughtSplitter", "prompt_opens_thoughts", "think_tags"]
+__all__ = ["ThinkTags", "ThoughtSplitter", "describe_reasoning", "prompt_opens_thoughts",
+           "think_tags"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,12 @@ def split_text(text: str, tags: ThinkTags, *, inside: bool) -> tuple[str, str]:
     more_thought, more_answer = splitter.flush()
     return thought + more_thought, answer + more_answer
 
+
+
+def describe_reasoning(tokenizer: _Vocabulary) -> dict[str, bool] | None:
+    """What a client may show: whether the model reasons aloud and whether its template
+    takes ``enable_thinking`` (a think switch); None for a model without thoughts."""
+    if think_tags(tokenizer) is None:
+        return None
+    return {"thoughts": True,
+            "switch": "enable_thinking" in (tokenizer.chat_template_source or "")}

@@ -129,3 +129,9 @@ def test_enable_thinking_false_through_chat_template_kwargs(thinker: LiveServer)
             "chat_template_kwargs": {"enable_thinking": False}}).json()
     message = body["choices"][0]["message"]
     assert message["content"] == PLAIN and "reasoning_content" not in message
+
+
+def test_the_model_card_says_it_reasons_and_takes_a_think_switch(thinker: LiveServer):
+    with thinker.client() as http:
+        card = http.get("/v1/models").json()["data"][0]
+    assert card["meta"]["reasoning"] == {"thoughts": True, "switch": True}
