@@ -66,7 +66,8 @@ class HomeGuard:
     recorded since the last call over. An audit hook cannot be removed: one guard a process."""
 
     def __init__(self, home: Path, allowed: Iterable[Path | str]) -> None:
-        self.home = self._forms(home)
+        # a home at / (some containers) is the whole machine, not a user's folder: no guard
+        self.home = tuple(form for form in self._forms(home) if form != os.sep)
         # a folder holding the whole home (a repository at ~, a prefix at /) allows nothing
         self.allowed = tuple(form for folder in allowed for form in self._forms(folder)
                              if not any(h.startswith(form) for h in self.home))

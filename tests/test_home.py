@@ -16,6 +16,8 @@ import httpx
 import platformdirs
 import pytest
 
+from tests.home_guard import HomeGuard
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,6 +50,17 @@ def test_a_worker_on_its_defaults_writes_into_the_session_home(session_home, gen
     kv = session_home / ".cache" / "onnx-local-llm" / "kv"
     assert any(p.is_file() for p in kv.rglob("*")), "the prompt's KV was not stored"
     assert not (session_home / ".cache" / "Microsoft").exists()  # ONNX Runtime's telemetry
+
+
+def test_the_guard_watches_the_home_and_nothing_it_allows(tmp_path):
+    home = tmp_path / "home"
+    guard = HomeGuard(home, [home / "repo", tmp_path, "/"])  # tmp_path and / hold the home
+    assert guard.writes_home(str(home / ".cache" / "x"))
+    assert guard.writes_home(str(home))
+    assert not guard.writes_home(str(home / "repo" / ".pytest_cache"))
+    assert not guard.writes_home(str(home) + "-other")
+    assert not guard.writes_home(str(tmp_path / "elsewhere"))
+    assert not HomeGuard(Path("/"), []).writes_home("/dev/null")  # a container's HOME=/
 
 
 #: A test file run by a second pytest with HOME at a stand-in for the user's real home (the
