@@ -30,7 +30,7 @@ def test_home_and_platformdirs_point_at_the_session_folder(session_home):
 
 def test_a_worker_on_its_defaults_writes_into_the_session_home(session_home, genai_model_dir):
     """No --admin-token-file, no --kv-store-dir: the worker takes the user folders, which for
-    a process a test starts are the session's."""
+    a process a test starts are the test run's."""
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", "0",
                              "--threads", "1", "--model", str(genai_model_dir)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
