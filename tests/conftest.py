@@ -3,6 +3,7 @@ forged model folders (built once per test session) and the shared reference expo
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.home_guard import HomeGuard, default_allowed, isolate_home, real_home
 REAL_HOME = real_home()
 _ALLOWED = default_allowed(Path(__file__).resolve().parents[1])  # before HOME moves
 SUITE_HOME = isolate_home()
+atexit.register(shutil.rmtree, SUITE_HOME, ignore_errors=True)  # however pytest ends
 GUARD = HomeGuard(REAL_HOME, [*_ALLOWED, SUITE_HOME])
 GUARD.install()
 
@@ -73,9 +75,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             reporter.write_line(_home_writes("the test run", left), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(SUITE_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
