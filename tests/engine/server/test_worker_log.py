@@ -35,7 +35,7 @@ def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp
                          str(tmp_path / "token"))
     try:
         log_file = Path(ready["log_file"])
-        state = Path(os.environ["XDG_STATE_HOME"])  # the session's temporary home
+        state = Path(os.environ["XDG_STATE_HOME"])  # the test run's temporary home
         assert log_file.name == "worker.log" and log_file.is_relative_to(state)
         with httpx.Client(base_url=ready["url"], timeout=60) as http:
             named = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2},
