@@ -17,7 +17,7 @@ from engine.generation.mtp import MtpHead
 from engine.generation.sampling import CustomSamplerCall, TokenLogprob
 from engine.generation.stopping import JSON_COMPLETE, FinishReason, StopChecker
 from engine.runtime.runner import DecodeRunner
-from engine.text.reasoning import ThoughtSplitter, prompt_opens_thoughts, think_tags
+from engine.text.reasoning import ThoughtSplitter, think_tags, thought_mode
 from engine.text.tokenizer import Tokenizer
 
 _FLUSHED = ("max_tokens", "length", "cancelled", "json_complete")
@@ -63,18 +63,18 @@ class RequestRun:
     @staticmethod
     def _thought_splitter(request: GenerateRequest, prompt: list[int], tokenizer: Tokenizer
                           ) -> tuple[ThoughtSplitter | None, dict[int, str]]:
-        """A chat request to a reasoning model splits its thoughts from its answer (not
-        under a constraint: a grammar shapes the whole output); the tags' texts by id where
-        the detokenizer would drop them (tags declared special)."""
-        if request.messages is None or request.options.constraint is not None:
-            return None, {}
+        """A chat request to a reasoning model splits its thoughts from its answer (also a
+        chat turn given as ids that says so; not under a constraint: a grammar shapes the
+        whole output); the tags' texts by id where the detokenizer would drop them."""
+        mode = request.thoughts
+        if mode is None and request.messages is not None:
+            mode = thought_mode(tokenizer, prompt)
         tags = think_tags(tokenizer)
-        if tags is None:
+        if mode in (None, "off") or tags is None or request.options.constraint is not None:
             return None, {}
-        tail = tokenizer.decode(prompt[-48:])
         skipped = {i: t for i, t in ((tags.open_id, tags.open), (tags.close_id, tags.close))
                    if i is not None and i in tokenizer.skipped_ids}
-        return ThoughtSplitter(tags, inside=prompt_opens_thoughts(tail, tags)), skipped
+        return ThoughtSplitter(tags, inside=mode == "open"), skipped
 
     def _answer_text(self, token_id: int) -> str:
         """The token's text with a reasoning model's thoughts taken out (kept apart)."""

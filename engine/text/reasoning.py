@@ -13,11 +13,12 @@ template writes the closing tag (a GGUF import may spell the tags in several tok
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 __all__ = ["ThinkTags", "ThoughtSplitter", "describe_reasoning", "prompt_opens_thoughts",
-           "think_tags"]
+           "think_tags", "thought_mode"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class ThinkTags:
 
 class _Vocabulary(Protocol):
     def token_to_id(self, token: str) -> int | None: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str: ...
 
     @property
     def chat_template_source(self) -> str | None: ...
@@ -49,6 +52,16 @@ def think_tags(tokenizer: _Vocabulary) -> ThinkTags | None:
 def prompt_opens_thoughts(prompt_tail: str, tags: ThinkTags) -> bool:
     """Whether the prompt ends inside an open think tag (the template opened it)."""
     return prompt_tail.rfind(tags.open) > prompt_tail.rfind(tags.close)
+
+
+def thought_mode(tokenizer: _Vocabulary, prompt: Sequence[int]
+                 ) -> Literal["open", "closed"] | None:
+    """For a chat prompt: whether the output starts inside the thoughts ("open") or may
+    open them ("closed"); None for a model without thoughts."""
+    tags = think_tags(tokenizer)
+    if tags is None:
+        return None
+    return "open" if prompt_opens_thoughts(tokenizer.decode(prompt[-48:]), tags) else "closed"
 
 
 def _partial(text: str, tag: str) -> int:

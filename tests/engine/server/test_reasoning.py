@@ -135,3 +135,13 @@ def test_the_model_card_says_it_reasons_and_takes_a_think_switch(thinker: LiveSe
     with thinker.client() as http:
         card = http.get("/v1/models").json()["data"][0]
     assert card["meta"]["reasoning"] == {"thoughts": True, "switch": True}
+
+
+def test_a_chat_kept_as_a_session_splits_its_thoughts_too(thinker: LiveServer):
+    with thinker.client() as http:
+        for _ in range(2):  # the second turn reuses the whole prompt but its last token
+            body = http.post("/v1/chat/completions", headers={"X-Session-Id": "thinking"},
+                             json={"model": MODEL, "messages": ASK, "max_tokens": 100}).json()
+            message = body["choices"][0]["message"]
+            assert message["reasoning_content"] == THOUGHT + "\n"
+            assert message["content"] == "It is four."
