@@ -173,3 +173,20 @@ def test_the_library_path_variable_is_where_the_engine_looks(monkeypatch, tmp_pa
     assert kernels.library() is None
     (tmp_path / "x.ortops").write_bytes(b"")
     assert kernels.library() == Path(tmp_path / "x.ortops")
+
+
+def test_on_a_gpu_provider_the_nodes_keep_onnx_runtimes_kernel(genai_model_dir, monkeypatch):
+    """The kernel is for the CPU: a model placed on CUDA says so (the decision only; a GPU
+    machine runs the rest in tests/engine/runtime/test_gpu.py)."""
+    from engine.model.io_spec import resolve_io
+    from engine.model.model_dir import load_model_dir
+    from engine.runtime import providers
+
+    monkeypatch.setattr(providers, "available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    model = load_model_dir(genai_model_dir)
+    spec = resolve_io(model.graph.inputs, model.graph.outputs, model.declared,
+                      has_gqa=model.graph.has_gqa, source=model.format)
+    graph, _, use = providers.pruned_graph(model.model_file, spec, EngineConfig(), "cuda", 2)
+    assert graph is None and use.moved == 0
+    assert dict(use.kept) == {"runs on cuda, the kernel is for the CPU": 2}
