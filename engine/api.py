@@ -33,6 +33,10 @@ class GenerateRequest:
     #: More variables for the chat template, as Hugging Face's ``apply_chat_template``
     #: passes its keyword arguments (the worker sets ``tool_choice`` with tools).
     chat_template_kwargs: Mapping[str, Any] | None = None
+    #: Text taken off the prompt's end that the first generated tokens spell again (token
+    #: healing at a code completion's cursor, ``engine.text.fim_plain``). It belongs to the
+    #: prompt, not the answer: stop strings are matched only after it.
+    healed: str = ""
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]

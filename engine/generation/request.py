@@ -36,7 +36,7 @@ class RequestRun:
         self.started = started
         self.cached = cached
         self.dropped = dropped
-        self._stopper = StopChecker(options, eos_token_ids=eos)
+        self._stopper = StopChecker(options, eos_token_ids=eos, healed=request.healed)
         self._detok = tokenizer.detokenizer(skip_special=True)
         single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
         self.clock = LoopClock(start=started)
