@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
@@ -70,7 +70,62 @@ FimLinesField = Annotated[Literal["auto", "single", "multi"], Field(
     "or a stop string is a line break")]
 
 
-class _Body(BaseModel):
+def _surrogate_at(text: str) -> int | None:
+    """Where ``text`` has a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but no
+    character: the tokenizer cannot take it), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _find_surrogate(value: Any, path: str = "") -> tuple[str, str, int] | None:
+    """The first lone surrogate in ``value`` (text, or text within lists and objects; a
+    nested body model checks its own fields): (path within value, the text, index)."""
+    if isinstance(value, str):
+        at = _surrogate_at(value)
+        return None if at is None else (path, value, at)
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_surrogate(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for number, (key, item) in enumerate(value.items()):
+            found = _find_surrogate(key, f"{path} key #{number}") if isinstance(key, str) \
+                else None
+            found = found or _find_surrogate(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    return None
+
+
+class _Text(BaseModel):
+    """Every request body: its text is Unicode text. JSON may spell half of a UTF-16
+    surrogate pair alone (``"\\ud800"``); such a string is refused with a 400 naming the
+    field, as a body of invalid UTF-8 bytes is."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_lone_surrogates(cls, value: Any) -> Any:
+        if isinstance(value, (int, float, bool, BaseModel)) or value is None:
+            return value
+        found = _find_surrogate(value)
+        if found is not None:
+            path, text, at = found
+            where = f" at {path.lstrip('.').strip()}" if path else ""
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "text{where} has a lone surrogate {code} at character {at} (half of a UTF-16 "
+                "pair, not a character); send the character itself or both halves of its pair",
+                {"where": where, "code": f"\\u{ord(text[at]):04x}", "at": at})
+        return value
+
+
+class _Body(_Text):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -310,7 +365,7 @@ class ErrorResponse(BaseModel):
 LimitValue = Annotated[str, Field(max_length=64)] | int | float
 
 
-class LimitsRequest(BaseModel):
+class LimitsRequest(_Text):
     """One memory limit to change now. A value is ``auto``, a fraction of the tier's
     capacity (``0.5``), a percentage (``"50%"``), a size (``"8GiB"``, ``"512MiB"``,
     ``"8GB"``) or plain bytes (``8589934592``)."""
