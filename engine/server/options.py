@@ -8,13 +8,13 @@
   ``typ_p``, ``xtc`` and ``infill`` are accepted and not applied (their llama.cpp
   defaults leave the distribution unchanged, except ``infill``'s end-of-text boost).
   ``seed`` -1 (or 0xFFFFFFFF) means random.
+- Ollama: temperature 0.8, top_k 40, top_p 0.9; ``repeat_penalty`` only when sent (the
+  engine's penalty spans the whole sequence, not Ollama's last 64 tokens).
 
 Every dialect refuses values outside the sampling ranges (``engine.server.schemas``:
 temperature 0-100, top_p and min_p 0-1, top_k -1 or more, a repetition penalty 0.01-100,
-``n_predict`` -1 or more, Ollama's ``num_predict`` -2 or more, ``max_tokens`` 1 or more)
-with a 400 naming the field and the range, rather than clamping them silently.
-- Ollama: temperature 0.8, top_k 40, top_p 0.9; ``repeat_penalty`` only when sent (the
-  engine's penalty spans the whole sequence, not Ollama's last 64 tokens).
+``n_predict`` -1 or more, Ollama's ``num_predict`` -2 or more but 0, ``max_tokens`` 1 or
+more) with a 400 naming the field and the range, rather than clamping them silently.
 
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.

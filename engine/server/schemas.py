@@ -18,15 +18,19 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 
-def _range_check(low: float, high: float | None, meaning: str) -> Callable[[Any], Any]:
-    """A validator refusing values outside [low, high] with a message that gives the range
-    (and what its special values mean), e.g. "expected 0 to 100 (0: greedy), got -1"."""
+def _range_check(low: float, high: float | None, meaning: str,
+                 refused: tuple[float, ...] = ()) -> Callable[[Any], Any]:
+    """A validator refusing values outside [low, high] (and the ``refused`` ones) with a
+    message that gives the range and what its special values mean, e.g. "expected 0 to 100
+    (0: greedy), got -1"."""
     span = f"{low:g} or more" if high is None else f"{low:g} to {high:g}"
+    span += "".join(f" but {value:g}" for value in refused)
     note = f" ({meaning})" if meaning else ""
 
     def check(value: Any) -> Any:
         number = float(value)
-        if not math.isfinite(number) or number < low or (high is not None and number > high):
+        if not math.isfinite(number) or number < low or (high is not None and number > high) \
+                or number in refused:
             raise PydanticCustomError("out_of_range", "expected {span}{note}, got {value}",
                                       {"span": span, "note": note, "value": value})
         return value
@@ -55,9 +59,10 @@ MaxTokens = Annotated[int, AfterValidator(_range_check(1, None, "")),
 #: llama.cpp: -1 until the end of text or the context, 0 only fills the cache.
 NPredict = Annotated[int, AfterValidator(_range_check(
     -1, None, "-1: no limit, 0: only read the prompt")), Field(json_schema_extra=_bounds(-1))]
-#: Ollama: -1 no limit, -2 until the context is full.
+#: Ollama: -1 no limit, -2 until the context is full (0 asks for nothing: refused).
 NumPredict = Annotated[int, AfterValidator(_range_check(
-    -2, None, "-1: no limit, -2: fill the context")), Field(json_schema_extra=_bounds(-2))]
+    -2, None, "-1: no limit, -2: fill the context", refused=(0,))),
+    Field(json_schema_extra=_bounds(-2))]
 
 StopText = Annotated[str, Field(max_length=512)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=64)] | None

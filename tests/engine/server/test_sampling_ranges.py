@@ -48,6 +48,7 @@ BAD = [
     (OLLAMA, "options.top_k", -3, "-1 or more"),
     (OLLAMA, "options.repeat_penalty", 0, "0.01 to 100"),
     (OLLAMA, "options.num_predict", -3, "-2 or more"),
+    (OLLAMA, "options.num_predict", 0, "-2 or more but 0"),
 ]
 CASES = [(route, field, value, words) for routes, field, value, words in BAD
          for route in routes]
