@@ -38,6 +38,10 @@ class GenerateRequest:
     #: that ends inside / outside a think tag (a chat turn continued from a session);
     #: "off" leaves the output as it came.
     thoughts: Literal["open", "closed", "off"] | None = None
+    #: Text taken off the prompt's end that the first generated tokens spell again (token
+    #: healing at a code completion's cursor, ``engine.text.fim_plain``). It belongs to the
+    #: prompt, not the answer: stop strings are matched only after it.
+    healed: str = ""
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]

@@ -109,8 +109,8 @@ class GenerateOptions:
         _check_float("top_p", self.top_p, low=0.0, high=1.0, low_open=True,
                      hint="use 1.0 to disable nucleus sampling")
         _check_float("min_p", self.min_p, low=0.0, high=1.0, hint="use 0 to disable min-p")
-        _check_float("repetition_penalty", self.repetition_penalty, low=0.0, high=100.0,
-                     low_open=True, hint="use 1.0 for no penalty; values > 1 discourage repeats")
+        _check_float("repetition_penalty", self.repetition_penalty, low=0.01, high=100.0,
+                     hint="use 1.0 for no penalty; values > 1 discourage repeats")
         for name in ("frequency_penalty", "presence_penalty"):
             _check_float(name, getattr(self, name), low=-2.0, high=2.0,
                          hint="OpenAI's range is -2.0 to 2.0; use 0 for no penalty")

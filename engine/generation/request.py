@@ -37,7 +37,7 @@ class RequestRun:
         self.started = started
         self.cached = cached
         self.dropped = dropped
-        self._stopper = StopChecker(options, eos_token_ids=eos)
+        self._stopper = StopChecker(options, eos_token_ids=eos, healed=request.healed)
         self._detok = tokenizer.detokenizer(skip_special=True)
         self._thoughts, self._tag_texts = self._thought_splitter(request, prompt, tokenizer)
         self._thought_pieces: list[str] = []

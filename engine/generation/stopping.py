@@ -18,6 +18,10 @@ back): nothing stops the generation while the answer is incomplete, and a text s
 cuts it. ``json_complete`` ends a generation whose grammar closed (see
 ``engine.generation.guidance``).
 
+Text a request healed (``GenerateRequest.healed``: taken off the prompt's end, spelled
+again by the first generated tokens) belongs to the prompt: stop strings are matched only
+in the text after it, so they apply to the answer alone.
+
 EOS and token stop sequences are ignored while no more than ``min_new_tokens`` tokens
 were generated (the processor chain also masks EOS / single-token stops until then);
 text stop strings are not affected by ``min_new_tokens``.
@@ -83,8 +87,13 @@ class StopChecker:
     when set. All of them count.
     """
 
-    def __init__(self, options: GenerateOptions, *, eos_token_ids: Collection[int]) -> None:
+    def __init__(self, options: GenerateOptions, *, eos_token_ids: Collection[int],
+                 healed: str = "") -> None:
         self._options = options
+        #: The rest of the healed text the generated text has not spelled yet.
+        self._healing = healed
+        #: Characters of the generated text that spelled healed text (no stop starts there).
+        self._healed_chars = 0
         eos = options.eos_token_ids if options.eos_token_ids is not None else eos_token_ids
         self._eos = frozenset(eos) if options.stop_on_eos else frozenset()
         self._min_new = options.min_new_tokens
@@ -147,6 +156,26 @@ class StopChecker:
             return "", self._finished
         if not self._text:
             return new_text, None
+        healed, new_text = self._take_healed(new_text)
+        if not new_text:
+            return healed, None
+        text, finish = self._feed_answer(new_text)
+        return healed + text, finish
+
+    def _take_healed(self, new_text: str) -> tuple[str, str]:
+        """``new_text`` split into the part that spells healed text and the rest. Healing
+        ends at the first character that differs from it, or once it is spelled."""
+        if not self._healing:
+            return "", new_text
+        size = 0
+        limit = min(len(new_text), len(self._healing))
+        while size < limit and new_text[size] == self._healing[size]:
+            size += 1
+        self._healing = self._healing[size:] if size == len(new_text) else ""
+        self._healed_chars += size
+        return new_text[:size], new_text[size:]
+
+    def _feed_answer(self, new_text: str) -> tuple[str, FinishReason | None]:
         held = len(self._held)
         text = self._held + new_text
         found: tuple[int, int, int] | None = None  # (end, start, index)
@@ -171,6 +200,7 @@ class StopChecker:
         value is complete. Then EOS first, token stop sequences, and a text stop whose
         match ends in the last ``new_chars`` characters of ``text`` (everything generated
         so far). Nothing is held back or cut: a constrained value stays whole."""
+        self._take_healed(text[len(text) - new_chars:])
         if not complete:
             return None
         reason = self.check_token(token_id, generated_ids)
@@ -178,7 +208,8 @@ class StopChecker:
             return reason
         found: tuple[int, int, int] | None = None  # (end, start, index)
         for index, stop in self._text:
-            start = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+            start = text.find(stop, max(self._healed_chars,
+                                        len(text) - new_chars - len(stop) + 1))
             if start >= 0:
                 candidate = (start + len(stop), start, index)
                 if found is None or candidate < found:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -163,12 +164,19 @@ class CompactJSONResponse(JSONResponse):
         return dumps(content).encode("utf-8")
 
 
+#: A union member's name in an error's location (``str``, ``list[ContentPart]``,
+#: ``constrained-str``), not a field's.
+_UNION_MEMBER = re.compile(r"str|int|float|bool|dict|list|none|.*[\[\-].*")
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = list(exc.errors())
     if not errors:
         return ApiError(400, "the request body is invalid")
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # a lone surrogate first: the other errors of a union are its other members' refusals
+    first = next((e for e in errors if e.get("type") == "lone_surrogate"), errors[0])
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"
+           and not _UNION_MEMBER.fullmatch(str(part))]
     param = ".".join(loc) or None
     kind = first.get("type", "")
     if kind == "json_invalid":

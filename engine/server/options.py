@@ -11,6 +11,11 @@
 - Ollama: temperature 0.8, top_k 40, top_p 0.9; ``repeat_penalty`` only when sent (the
   engine's penalty spans the whole sequence, not Ollama's last 64 tokens).
 
+Every dialect refuses values outside the sampling ranges (``engine.server.schemas``:
+temperature 0-100, top_p and min_p 0-1, top_k -1 or more, a repetition penalty 0.01-100,
+``n_predict`` -1 or more, Ollama's ``num_predict`` -2 or more but 0, ``max_tokens`` 1 or
+more) with a 400 naming the field and the range, rather than clamping them silently.
+
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.
 
@@ -198,7 +203,7 @@ def openai_options(body: _OpenAISampling, model: LoadedModel, *, max_tokens: int
     return make_options({
         "max_new_tokens": engine.context_length if max_tokens is None else max_tokens,
         "temperature": temperature, "top_p": top_p,
-        "top_k": 0 if body.top_k is None else body.top_k,
+        "top_k": 0 if body.top_k is None else max(body.top_k, 0),
         "min_p": 0.0 if body.min_p is None else body.min_p,
         "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
         "frequency_penalty": body.frequency_penalty or 0.0,
@@ -239,7 +244,7 @@ def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int =
     min_p = 0.05 if body.min_p is None else body.min_p
     min_p = min(min_p, 1.0) if on("min_p") and min_p > 0 else 0.0
     penalties = on("penalties")
-    repeat = body.repeat_penalty if body.repeat_penalty and body.repeat_penalty > 0 else 1.0
+    repeat = 1.0 if body.repeat_penalty is None else body.repeat_penalty
     seed = seed_value(body.seed, random=(-1, 0xFFFFFFFF))
     return make_options({
         "max_new_tokens": engine.context_length if body.n_predict < 0 else body.n_predict,

@@ -2,15 +2,67 @@
 
 Unknown fields are ignored. Fields a client may send but the worker cannot honour are
 declared here and refused in the route with a message (never silently dropped when they
-would change the answer). Bounds that protect the server (stop strings, their length)
-live here; option values are checked by ``GenerateOptions``.
+would change the answer). Bounds that protect the server (stop strings, their length) and
+the sampling ranges (the same on every dialect) live here; ``GenerateOptions`` checks the
+engine's options again.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import JsonDict
+from pydantic_core import PydanticCustomError
+
+
+def _range_check(low: float, high: float | None, meaning: str,
+                 refused: tuple[float, ...] = ()) -> Callable[[Any], Any]:
+    """A validator refusing values outside [low, high] (and the ``refused`` ones) with a
+    message that gives the range and what its special values mean, e.g. "expected 0 to 100
+    (0: greedy), got -1"."""
+    span = f"{low:g} or more" if high is None else f"{low:g} to {high:g}"
+    span += "".join(f" but {value:g}" for value in refused)
+    note = f" ({meaning})" if meaning else ""
+
+    def check(value: Any) -> Any:
+        number = float(value)
+        if not math.isfinite(number) or number < low or (high is not None and number > high) \
+                or number in refused:
+            raise PydanticCustomError("out_of_range", "expected {span}{note}, got {value}",
+                                      {"span": span, "note": note, "value": value})
+        return value
+
+    return check
+
+
+def _bounds(low: float, high: float | None = None) -> JsonDict:
+    """The range in the OpenAPI schema (the validator beside it gives the message)."""
+    return {"minimum": low} if high is None else {"minimum": low, "maximum": high}
+
+
+# Sampling ranges, the same on every dialect (a value outside them is a 400 naming the
+# field and its range; the engine's GenerateOptions holds the same bounds).
+Temperature = Annotated[float, AfterValidator(_range_check(0, 100, "0: greedy")),
+                        Field(json_schema_extra=_bounds(0, 100))]
+Probability = Annotated[float, AfterValidator(_range_check(0, 1, "")),
+                        Field(json_schema_extra=_bounds(0, 1))]
+#: -1 (vLLM's and llama.cpp's "off") or 0: every token.
+TopK = Annotated[int, AfterValidator(_range_check(-1, None, "0 or -1: off")),
+                 Field(json_schema_extra=_bounds(-1))]
+RepeatPenalty = Annotated[float, AfterValidator(_range_check(
+    0.01, 100, "1: off, above 1 discourages repeats")), Field(json_schema_extra=_bounds(0.01, 100))]
+MaxTokens = Annotated[int, AfterValidator(_range_check(1, None, "")),
+                      Field(json_schema_extra=_bounds(1))]
+#: llama.cpp: -1 until the end of text or the context, 0 only fills the cache.
+NPredict = Annotated[int, AfterValidator(_range_check(
+    -1, None, "-1: no limit, 0: only read the prompt")), Field(json_schema_extra=_bounds(-1))]
+#: Ollama: -1 no limit, -2 until the context is full (0 asks for nothing: refused).
+NumPredict = Annotated[int, AfterValidator(_range_check(
+    -2, None, "-1: no limit, -2: fill the context", refused=(0,))),
+    Field(json_schema_extra=_bounds(-2))]
 
 StopText = Annotated[str, Field(max_length=512)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=64)] | None
@@ -23,7 +75,62 @@ FimLinesField = Annotated[Literal["auto", "single", "multi"], Field(
     "or a stop string is a line break")]
 
 
-class _Body(BaseModel):
+def _surrogate_at(text: str) -> int | None:
+    """Where ``text`` has a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but no
+    character: the tokenizer cannot take it), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _find_surrogate(value: Any, path: str = "") -> tuple[str, str, int] | None:
+    """The first lone surrogate in ``value`` (text, or text within lists and objects; a
+    nested body model checks its own fields): (path within value, the text, index)."""
+    if isinstance(value, str):
+        at = _surrogate_at(value)
+        return None if at is None else (path, value, at)
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_surrogate(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for number, (key, item) in enumerate(value.items()):
+            found = _find_surrogate(key, f"{path} key #{number}") if isinstance(key, str) \
+                else None
+            found = found or _find_surrogate(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    return None
+
+
+class _Text(BaseModel):
+    """Every request body: its text is Unicode text. JSON may spell half of a UTF-16
+    surrogate pair alone (``"\\ud800"``); such a string is refused with a 400 naming the
+    field, as a body of invalid UTF-8 bytes is."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_lone_surrogates(cls, value: Any) -> Any:
+        if isinstance(value, (int, float, bool, BaseModel)) or value is None:
+            return value
+        found = _find_surrogate(value)
+        if found is not None:
+            path, text, at = found
+            where = f" at {path.lstrip('.').strip()}" if path else ""
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "text{where} has a lone surrogate {code} at character {at} (half of a UTF-16 "
+                "pair, not a character); send the character itself or both halves of its pair",
+                {"where": where, "code": f"\\u{ord(text[at]):04x}", "at": at})
+        return value
+
+
+class _Body(_Text):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -67,9 +174,9 @@ class ResponseFormat(_Body):
 
 class _OpenAISampling(_Body):
     model: str = ""
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,15 +187,15 @@ class _OpenAISampling(_Body):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Extensions llama.cpp and vLLM accept on these routes too.
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
+    repetition_penalty: RepeatPenalty | None = None
     response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -122,12 +229,12 @@ class LlamaSampling(_Body):
     """The sampling and stopping fields /completion and /infill share."""
 
     model: str = ""
-    n_predict: int = -1
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
+    n_predict: NPredict = -1
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: Probability | None = None
+    min_p: Probability | None = None
+    repeat_penalty: RepeatPenalty | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
@@ -182,15 +289,15 @@ class ApplyTemplateRequest(_Body):
 
 
 class OllamaOptions(_Body):
-    num_predict: int | None = None
+    num_predict: NumPredict | None = None
     num_ctx: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: Probability | None = None
+    min_p: Probability | None = None
     seed: int | None = None
     stop: Annotated[list[StopText], Field(max_length=64)] | None = None
-    repeat_penalty: float | None = None
+    repeat_penalty: RepeatPenalty | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
@@ -268,7 +375,7 @@ class ErrorResponse(BaseModel):
 LimitValue = Annotated[str, Field(max_length=64)] | int | float
 
 
-class LimitsRequest(BaseModel):
+class LimitsRequest(_Text):
     """One memory limit to change now. A value is ``auto``, a fraction of the tier's
     capacity (``0.5``), a percentage (``"50%"``), a size (``"8GiB"``, ``"512MiB"``,
     ``"8GB"``) or plain bytes (``8589934592``)."""

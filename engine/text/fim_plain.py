@@ -12,11 +12,13 @@ one by default; extra files, as ``--- path ---`` sections, before it where they 
 - **Healing.** Blanks at the end of the prefix's last line (``return``'s space, an
   indentation) are taken off the prompt and the first generated tokens must spell them
   (BPE rarely ends a text with a lone space: ``" x"`` is one token), then they are dropped
-  from the answer. When the cursor starts a line (nothing but blanks before it), the line
-  break before it is healed too: byte-level BPE merges a line break with the next line's
-  indentation (``"\\n    "`` is one token), so a prompt that ends with a bare line break
-  is one the model never saw, and it answers with the indentation missing or another
-  line break (measured: 4 of 300 held-out holes exact without this).
+  from the answer; stop strings are matched only after them (a ``"\\n"`` stop ends the
+  answer's line, not the healed line break). When the cursor starts a line (nothing but
+  blanks before it), the line break before it is healed too: byte-level BPE merges a line
+  break with the next line's indentation (``"\\n    "`` is one token), so a prompt that
+  ends with a bare line break is one the model never saw, and it answers with the
+  indentation missing or another line break (measured: 4 of 300 held-out holes exact
+  without this).
 - **Single or multi-line** (``lines``): ``"single"`` ends the answer at the end of the
   line; ``"multi"`` at a dedent below the completion's first line or at a blank line.
   ``"auto"`` (the default) is single when the cursor is mid-line (the suffix's first line
@@ -192,7 +194,7 @@ def prefix_only_request(
     eos = options.eos_token_ids if options.eos_token_ids is not None else eos_token_ids
     sampler = LineStartSampler(tokenizer, rules, options, eos_token_ids=eos)
     return PrefixOnlyRequest(token_ids=tuple(ids), options=chain_options(options),
-                             sampler=sampler, rules=rules)
+                             sampler=sampler, rules=rules, healed=heal)
 
 
 def trimmer_for(request: GenerateRequest) -> CompletionTrimmer | None:

@@ -172,3 +172,39 @@ def test_any_split_of_the_text_gives_the_same_result_as_the_whole():
         expected_text, expected_index = reference_stop(text, stops)
         assert "".join(emitted) == expected_text, (stops, pieces)
         assert (reason.stop_index if reason else None) == expected_index
+
+
+# --- healed text ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pieces", [["\n    ", "return x", "\n", "y"],
+                                    ["\n", "  ", "  return", " x\ny"],
+                                    ["\n    return x\ny"]])
+def test_stops_are_matched_after_the_healed_text_only(pieces):
+    """A code completion's healed line break is the prompt's, not the answer's: a "\\n"
+    stop ends the answer's line, however the text is split into tokens."""
+    stopper = StopChecker(GenerateOptions(stop_sequences=("\n",)), eos_token_ids=(),
+                          healed="\n    ")
+    emitted, reason = feed_all(stopper, pieces)
+    assert "".join(emitted) == "\n    return x" and reason == FinishReason("stop_sequence", 0)
+
+
+def test_healing_ends_where_the_text_differs_from_it():
+    stopper = StopChecker(GenerateOptions(stop_sequences=("\n",)), eos_token_ids=(),
+                          healed="\n    ")
+    emitted, reason = feed_all(stopper, ["\n  x", "\n"])
+    assert "".join(emitted) == "\n  x" and reason == FinishReason("stop_sequence", 0)
+    # a stop that starts in the healed text and ends in the answer does not count either
+    stopper = StopChecker(GenerateOptions(stop_sequences=("\n\n",)), eos_token_ids=(),
+                          healed="\n")
+    emitted, reason = feed_all(stopper, ["\n", "\nx", "\n\n"])
+    assert "".join(emitted) == "\n\nx" and reason == FinishReason("stop_sequence", 0)
+
+
+def test_constrained_stops_skip_the_healed_text():
+    stopper = StopChecker(GenerateOptions(stop_sequences=("\n",)), eos_token_ids=(),
+                          healed="\n")
+    assert stopper.check_constrained(1, [1], "\n", 1, complete=True) is None
+    assert stopper.check_constrained(2, [1, 2], "\nab", 2, complete=True) is None
+    assert stopper.check_constrained(3, [1, 2, 3], "\nab\n", 1, complete=True) == \
+        FinishReason("stop_sequence", 0)

@@ -130,3 +130,29 @@ def test_props_and_models_say_the_layout(scripted, server):
     assert card["meta"]["fim"] is None and card["meta"]["fim_layout"] == "prefix-only"
     with server.client() as http:  # a model with FIM tokens keeps its own
         assert http.get("/props").json()["fim_layout"] == "psm"
+
+
+@pytest.mark.parametrize("name, answer", [("newline_first", "x = 1"),
+                                          ("dedent", "    return a")])
+def test_a_line_break_stop_ends_the_answer_not_the_healed_line_break(scripted, name, answer):
+    """``"stop": ["\\n"]`` is how a client asks for one line. The cursor starts a line, so
+    its line break is healed (the first generated token spells it): the stop applies to
+    the answer after it, on every route that completes code."""
+    live, scenarios = scripted
+    scenario = scenarios[name]
+    with live.client() as http:
+        infill = http.post("/infill", json=_infill_body(scenario, stop=["\n"])).json()
+        openai = http.post("/v1/completions", json={
+            "model": "plain-coder", "prompt": scenario.prefix, "suffix": scenario.suffix,
+            "max_tokens": 24, "temperature": 0, "stop": "\n"}).json()
+        ollama = http.post("/api/generate", json={
+            "model": "plain-coder", "prompt": scenario.prefix, "suffix": scenario.suffix,
+            "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 24, "stop": ["\n"]}}).json()
+        with http.stream("POST", "/infill", json=_infill_body(
+                scenario, stop=["\n"], stream=True)) as reply:
+            streamed = "".join(e["content"] for e in sse_events(reply.iter_lines()))
+    assert infill["content"] == answer, infill
+    assert streamed == answer
+    assert openai["choices"][0]["text"] == answer, openai
+    assert ollama["response"] == answer, ollama
