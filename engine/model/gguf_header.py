@@ -147,5 +147,5 @@ def check_complete(path: Path) -> GGUFLayout:
             f"{path} is truncated: its header lists {layout.tensors} tensors that need "
             f"{need:,} bytes, the file has {have:,} ({have / need:.0%}); "
             f"{need - have:,} bytes are missing",
-            hint="download the file again (an interrupted download leaves a file like this)")
+            hint="download the file again: an interrupted download leaves a file like this")
     return layout
