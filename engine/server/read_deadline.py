@@ -89,7 +89,7 @@ class ReadDeadlineProtocol(H11Protocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle if self.cycle is not self._waiting_after else None
-        client = "%s:%d" % self.client if self.client else "a client"
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
         if cycle is None and self._bytes_waiting == 0:
             log.debug("closed an idle connection from %s after %g s", client, self.read_timeout)
             self.transport.close()
