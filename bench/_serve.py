@@ -37,14 +37,19 @@ class Worker:
 
 @contextlib.contextmanager
 def worker(*args: str, root: Path = REPO) -> Iterator[Worker]:
-    """A worker on 127.0.0.1 (any free port), no log file, no KV store; stopped after."""
+    """A worker on 127.0.0.1 (any free port), no log file, no KV store, HOME and XDG folders
+    in a temporary folder; stopped after."""
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         err = open(Path(tmp) / "stderr.log", "w+", encoding="utf-8")  # noqa: SIM115
         cmd = [sys.executable, "-m", "engine", "serve", "--host", "127.0.0.1", "--port", "0",
                "--no-log-file", "--no-kv-store",
                "--admin-token-file", str(Path(tmp) / "admin-token"), *args]
+        # its own config, cache and state folders: nothing lands in the user's
+        env = {**os.environ, "PYTHONPATH": str(root), "HOME": tmp,
+               **{f"XDG_{k}_HOME": str(Path(tmp) / k.lower())
+                  for k in ("CONFIG", "CACHE", "STATE", "DATA")}}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root)})
+                                env=env)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
