@@ -191,6 +191,13 @@ class EngineConfig:
     prefill_chunk_size: int = 512
     #: Cap on the shared KV buffer length (tokens); None = the model's context.
     kv_max_len: int | None = None
+    #: KV reserved, when it starts, for an answer bounded by the context alone (a request
+    #: without max_tokens): this many tokens after the prompt; the rest is reserved as the
+    #: answer grows, ``kv_grow_tokens`` at a time, within the memory limit. An answer whose
+    #: growth the limit refuses ends with finish reason ``length``. (An answer bounded by
+    #: its max_new_tokens reserves them all when it starts.)
+    kv_reserve_ahead: int = 256
+    kv_grow_tokens: int = 64
     #: Reuse the KV of earlier prompts (live slot, prefix cache, sessions).
     prefix_cache: bool = True
     #: Tokens per KV page (the granularity of prefix reuse).
@@ -241,6 +248,8 @@ class EngineConfig:
         if self.spin_duration_us is not None:
             _check_int("spin_duration_us", self.spin_duration_us, minimum=0,
                        hint="0 turns spinning off; leave unset for ONNX Runtime's default")
+        _check_int("kv_reserve_ahead", self.kv_reserve_ahead, minimum=1, hint="e.g. 256")
+        _check_int("kv_grow_tokens", self.kv_grow_tokens, minimum=1, hint="e.g. 64")
         _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")

@@ -383,7 +383,7 @@ class Scheduler:
         run = ticket.run
         assert run is not None
         tokens: list[int] = ticket.extra["parked_tokens"]  # type: ignore[assignment]
-        total = max(len(tokens), self.engine.request_total(len(run.prompt), run.request.options))
+        total = max(len(tokens), run.sequence.reserved)
         runner.reset()
         if not make_room(self.engine, self, runner, total):
             if self.active:  # wait for room

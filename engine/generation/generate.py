@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +67,11 @@ class TokenSequence:
     no extra forward pass. A `constraint` (llguidance, built by the text layer) masks the
     logits and ends the sequence once its grammar closed; such a sequence never
     speculates (each token's mask needs the one before) but batches with others.
+
+    KV: `reserve` tokens (prompt and answer; None = all that `max_total` and
+    `max_new_tokens` allow) are reserved at the start. When the answer reaches them,
+    `grow(runner, total)` is asked for `grow_step` more (True: the runner holds them now);
+    a refusal, or no `grow`, ends the sequence as a full context does (finish ``length``).
     """
 
     def __init__(self, runner: DecodeRunner, prompt_ids: Sequence[int],
@@ -75,14 +80,25 @@ class TokenSequence:
                  sampler: Sampler | None = None, clock: LoopClock | None = None,
                  constraint: TokenConstraint | None = None,
                  draft_runner: DecodeRunner | None = None,
-                 mtp_head: MtpHead | None = None) -> None:
+                 mtp_head: MtpHead | None = None, reserve: int | None = None,
+                 grow: Callable[[DecodeRunner, int], bool] | None = None,
+                 grow_step: int = 64) -> None:
         assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
         self.runner = runner
         self.options = options
         self.clock = clock or LoopClock()
         self.clock.start = self.clock.start or time.perf_counter()
         self.clock.prefill_tokens = len(prompt_ids) - cached
-        runner.reserve(min(max_total, len(prompt_ids) + options.max_new_tokens))
+        self._limit = min(max_total, len(prompt_ids) + options.max_new_tokens)
+        #: Tokens (prompt and answer) the runner holds room for: what this request reserved.
+        self.reserved = self._limit if reserve is None else \
+            min(self._limit, max(len(prompt_ids) + 1, reserve))
+        self._grow = grow
+        self._grow_step = max(1, grow_step)
+        #: Times the reservation grew, and whether growth was refused (the answer ended).
+        self.grown = 0
+        self.growth_refused = False
+        runner.reserve(self.reserved)
         self._ids = np.asarray(prompt_ids, dtype=np.int64)
         self._next = cached
         self._chunk = chunk_size
@@ -144,7 +160,8 @@ class TokenSequence:
 
     def _speculate(self) -> list[StepOutput]:
         assert self.pending is not None and self.speculation is not None
-        budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total)
+        budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total,
+                     self.reserved - self._total + 1)  # guesses stay within the reservation
         k = min(self._k.k, budget - 1)
         history = [*self._context.prompt_ids, *self._context.generated_ids]
         started = time.perf_counter()
@@ -199,8 +216,20 @@ class TokenSequence:
             self.constraint.sync(self._context.generated_ids)
             ended = self.constraint.closed
         self.done = full or ended or self.generated == self.options.max_new_tokens
+        if not self.done and self._total > self.reserved and not self._extend():
+            full = self.done = True  # no room to go on: it ends as at a full context
         self.pending = None if self.done else token
         return StepOutput(token, logprob, full)
+
+    def _extend(self) -> bool:
+        """Reserve `grow_step` more tokens (feeding `pending` needs one more than held)."""
+        total = min(self._limit, self.reserved + self._grow_step)
+        if self._grow is None or not self._grow(self.runner, total):
+            self.growth_refused = True
+            return False
+        self.reserved = total
+        self.grown += 1
+        return True
 
 
 def make_proposer(options: GenerateOptions, draft_runner: DecodeRunner | None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.generation.generate import LoopClock, StepOutput, TokenSequence
@@ -28,7 +29,9 @@ class RequestRun:
                  tokenizer: Tokenizer, eos: tuple[int, ...], max_total: int, chunk_size: int,
                  cached: int, cancel: threading.Event | None, started: float,
                  dropped: int = 0, draft_runner: DecodeRunner | None = None,
-                 mtp_head: MtpHead | None = None) -> None:
+                 mtp_head: MtpHead | None = None, reserve: int | None = None,
+                 grow: Callable[[DecodeRunner, int], bool] | None = None,
+                 grow_step: int = 64) -> None:
         options = request.options
         self.request = request
         self.prompt = prompt
@@ -51,7 +54,7 @@ class RequestRun:
             runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
             stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
             clock=self.clock, constraint=self._constraint, draft_runner=draft_runner,
-            mtp_head=mtp_head,
+            mtp_head=mtp_head, reserve=reserve, grow=grow, grow_step=grow_step,
             sampler=None if request.sampler is None else CustomSamplerCall(request.sampler,
                                                                            prompt))
         #: Every token the model produced, EOS included.

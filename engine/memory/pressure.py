@@ -150,8 +150,7 @@ def fit_buffers(engine: EngineCore, scheduler: Preemptor | None) -> None:
         return
     reserved: dict[int, int] = {}
     for run in scheduler.running():
-        total = engine.request_total(len(run.prompt), run.request.options)
-        reserved[id(run.runner)] = max(total, run.runner.length)
+        reserved[id(run.runner)] = max(run.sequence.reserved, run.runner.length)
     for runner in engine.runners:
         if id(runner) not in reserved:
             runner.reset()

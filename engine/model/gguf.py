@@ -26,6 +26,7 @@ from engine.errors import CancelledError, ModelLoadError, UnsupportedModelError
 from engine.model.folders import import_work_dir
 from engine.model.gguf_blocks import concat_rows
 from engine.model.gguf_graph import DecoderShape, GraphBuilder, LayerWeights
+from engine.model.gguf_header import check_complete
 from engine.model.gguf_tokenizer import GGUFVocab, write_tokenizer
 from engine.model.gguf_weights import PRECISIONS, WeightReader, unpermute_rows, vector
 from engine.model.onnx_writer import OnnxWriter
@@ -73,6 +74,7 @@ class _Reader:
             raise ModelLoadError(
                 f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF')",
                 hint="pick a .gguf model file (Ollama keeps them as blobs named sha256-...)")
+        check_complete(path)  # from the header alone: a cut download is refused at once
         try:
             self.r = GGUFReader(str(path), "r")
         except Exception as exc:  # the reader raises ValueError, IndexError, struct errors ...

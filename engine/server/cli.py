@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds an X-Session-Id chat session is kept without a turn")
     net.add_argument("--max-sessions", type=int, default=64,
                      help="X-Session-Id chat sessions kept at most")
+    net.add_argument("--read-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="seconds a request gets to arrive whole, headers and body; a slower "
+                     "one is answered 408 and its connection closed (answers, streamed or not, "
+                     "are not limited)")
     eng = parser.add_argument_group("engine")
     eng.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     eng.add_argument("--spin-us", type=int, default=SPIN_US, metavar="US",

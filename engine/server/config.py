@@ -52,6 +52,8 @@ class ServerConfig:
     session_idle_s: float = 1800.0
     #: Named chat sessions kept at most (the least recently used idle one goes first).
     max_sessions: int = 64
+    #: Seconds a request gets to arrive whole (headers and body); then 408 and close.
+    read_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,6 +68,9 @@ class ServerConfig:
         if not self.session_idle_s > 0:
             raise InvalidOptionError("session_idle_s", f"expected seconds > 0, got "
                                      f"{self.session_idle_s}", hint="e.g. 1800 (30 minutes)")
+        if not self.read_timeout_s > 0:
+            raise InvalidOptionError("read_timeout", f"expected seconds > 0, got "
+                                     f"{self.read_timeout_s}", hint="e.g. 30")
         if self.max_sessions < 1:
             raise InvalidOptionError("max_sessions", f"at least 1, got {self.max_sessions}",
                                      hint="e.g. 64")

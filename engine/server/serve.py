@@ -32,6 +32,7 @@ from engine.kernels import status as kernel_status
 from engine.model.default_model import default_model_dir
 from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
+from engine.server.read_deadline import read_deadline_protocol
 from engine.server.security import ensure_admin_token, resolve_api_key
 from engine.server.worker_log import default_log_file, setup, startup_log
 
@@ -59,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,
         access_log=args.access_log, session_idle_s=args.session_idle_timeout,
-        max_sessions=args.max_sessions)
+        max_sessions=args.max_sessions, read_timeout_s=args.read_timeout)
 
 
 def warn_if_exposed(config: ServerConfig) -> None:
@@ -112,10 +113,11 @@ class WorkerServer(uvicorn.Server):
 
 
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
-    # one access line per request comes from RequestIdMiddleware (with its id)
+    # one access line per request comes from RequestIdMiddleware (with its id); each
+    # request must arrive whole within read_timeout_s (engine/server/read_deadline.py)
     return uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, round(config.graceful_shutdown_s)),
-                          ws="none")
+                          ws="none", http=read_deadline_protocol(config.read_timeout_s))
 
 
 def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None:
@@ -137,9 +139,10 @@ def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None
         if use is not None:
             startup_log.info("attention: %s", use.line())
     startup_log.info("kernels: %s", kernel_status().line())
-    startup_log.info("limits: queue %d, body %d bytes, batch %s, kv_max_len %s, vram %s, "
-                     "host RAM %s, KV store %s; API key %s, CORS %s", config.max_queue,
-                     config.max_body_bytes, engine.max_batch, engine.kv_max_len,
+    startup_log.info("limits: queue %d, body %d bytes, read timeout %g s, batch %s, "
+                     "kv_max_len %s, vram %s, host RAM %s, KV store %s; API key %s, CORS %s",
+                     config.max_queue, config.max_body_bytes, config.read_timeout_s,
+                     engine.max_batch, engine.kv_max_len,
                      engine.vram_limit, engine.host_ram_limit,
                      "off" if engine.kv_store is None else "on",
                      "required" if config.api_key else "none",

@@ -217,3 +217,40 @@ def test_a_single_request_over_the_new_limit_keeps_running(wide_kv_model):
     while scheduler.step():
         pass
     assert events[-1].result.token_ids == expected  # nothing in progress was lost
+
+
+def _open_req(context):
+    """A request bounded by the context alone, as the worker sends one without max_tokens."""
+    return GenerateRequest(token_ids=(5, 6, 7, 8), options=GenerateOptions(
+        max_new_tokens=context, max_context=context, temperature=0.0, stop_on_eos=False))
+
+
+def test_an_answer_without_max_tokens_reserves_kv_as_it_grows(wide_kv_model):
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
+    per_token = engine.runners[0].spec.kv_bytes_per_token
+    context = engine.context_length  # 2048 tokens: 32 MiB of KV
+    events = engine.stream(_open_req(context))
+    next(events)  # the first token: the request holds its first reservation
+    held_at_start = engine.kv_bytes()
+    assert held_at_start <= context * per_token // 4  # not the whole context
+    *_, last = events
+    result = last.result
+    assert result is not None and result.finish_reason.kind == "length"
+    assert len(result.token_ids) == context - 4  # it ran past the first reservation,
+    assert engine.kv_bytes() > held_at_start  # growing as it went
+
+
+def test_an_answer_whose_growth_the_limit_refuses_ends_with_length(wide_kv_model):
+    engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, prefix_cache=False))
+    _fixed_ram(engine)
+    context = engine.context_length
+    events = engine.stream(_open_req(context))
+    next(events)
+    snap = engine.resource_snapshot().host_ram
+    assert snap is not None  # room for what it holds now, and no more
+    engine.set_limit("host_ram", f"{snap.weights_bytes + snap.kv_bytes}B")
+    *_, last = events
+    result = last.result
+    assert result is not None and result.finish_reason.kind == "length"
+    assert 256 <= len(result.token_ids) < context // 2  # its first reservation, then no more
+    assert engine.generate(_req(8)).finish_reason.kind == "max_tokens"  # the engine goes on

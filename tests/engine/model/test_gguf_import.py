@@ -241,6 +241,28 @@ def test_truncated_and_corrupt_files_get_a_clear_error(gguf_dir, tok_dir, tmp_pa
         import_gguf(not_gguf, tmp_path / "out")
 
 
+def test_a_cut_download_is_refused_from_the_header_with_both_sizes(gguf_dir, tok_dir,
+                                                                   tmp_path):
+    """The header's tensor table gives the size the file must have: a file cut anywhere in
+    its tensor data is refused with that size and the file's own, before any tensor is
+    read (`python -m bench.gguf_truncated` measures how fast, on a large file)."""
+    full = _gguf(gguf_dir, tok_dir, "qwen2-Q5_1-untied")
+    data = full.read_bytes()
+    for cut in (len(data) - 1, len(data) * 2 // 3):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError) as err:
+            import_gguf(bad, tmp_path / f"out{cut}")
+        message = str(err.value)
+        assert f"need {len(data):,} bytes, the file has {cut:,}" in message, message
+        assert "download the file again" in message
+    # cut inside the header itself: said so, with the size it has
+    bad = tmp_path / "cut-header.gguf"
+    bad.write_bytes(data[:4000])
+    with pytest.raises(ModelLoadError, match="ends at byte 4,000, inside its own header"):
+        import_gguf(bad, tmp_path / "out-header")
+
+
 def test_tensors_that_disagree_with_the_metadata_are_named(tok_dir, tmp_path):
     path = write_gguf(tmp_path / "g.gguf", TinySpec(), tok_dir, ffn_in_metadata=96)
     with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_gate\.weight has shape \[64, 128\]"
