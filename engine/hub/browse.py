@@ -49,6 +49,7 @@ class Variant:
     download_bytes: int
     fit: Fit
     files: tuple[RemoteFile, ...]
+    commit: str = "main"
 
     def as_dict(self) -> dict[str, Any]:
         return {"repo": self.repo, "format": self.format, "path": self.path,
@@ -88,7 +89,7 @@ def onnx_variant(listing: Listing, folder: str, config: EngineConfig,
                                                     else "as exported")
     fit = assess(weights, shape, config, bandwidth=bandwidth)
     return Variant(repo, "onnx", folder.strip("/"), quant, sum(f.size for f in files), fit,
-                   tuple(files))
+                   tuple(files), listing.commit)
 
 
 def gguf_variants(listing: Listing, pattern: str, config: EngineConfig,
@@ -104,7 +105,7 @@ def gguf_variants(listing: Listing, pattern: str, config: EngineConfig,
         quant = quant_of(f.path) or "unknown"
         weights = int(f.size * import_factor(quant))
         fit = assess(weights, shape, config, bandwidth=bandwidth, estimated=True)
-        out.append(Variant(repo, "gguf", f.path, quant, f.size, fit, (f,)))
+        out.append(Variant(repo, "gguf", f.path, quant, f.size, fit, (f,), listing.commit))
     return out
 
 
@@ -188,9 +189,10 @@ def catalog_rows(*, endpoint: str = "", config: EngineConfig | None = None,
                 choice = min(found, key=lambda v: v.download_bytes)
             rows.append(CatalogRow(entry, choice, None))
         except Exception as exc:
-            why = explain(exc, DownloadRequest(entry.repo, endpoint=hub_endpoint(endpoint)))
+            where = hub_endpoint(endpoint)
+            why = explain(exc, DownloadRequest(entry.repo, endpoint=where))
             if why.startswith("no network"):
                 reached = False
-                why = f"the Hub was not reached: {why}"
+                why = f"the Hub was not reached ({where}: {type(exc).__name__})"
             rows.append(CatalogRow(entry, None, why))
     return rows

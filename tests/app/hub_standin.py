@@ -17,6 +17,11 @@ repository, with the hub's headers and error codes:
 
 ``delay_s`` slows bodies (a pause after every ``chunk`` bytes) so a test can cancel in the
 middle of a file; every request is logged with its ``Range`` header.
+
+Faults a test can set: ``drop_after[suffix] = n`` ends the connection once after ``n``
+bytes of a file whose path ends with ``suffix`` (the next request is served whole);
+``corrupt`` (a set of suffixes) flips a byte of such files as they are sent (the listing
+keeps the true hashes).
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class HubStandin:
         self.chunk = chunk
         self.delay_s = delay_s
         self.requests: list[Logged] = []
+        self.drop_after: dict[str, int] = {}
+        self.corrupt: set[str] = set()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -203,7 +210,7 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "EntryNotFound", "Entry not found")
                 return
             start, status = 0, 200
-            match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+            match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
             if match:
                 start, status = int(match.group(1)), 206
                 if start >= f.size:
@@ -225,14 +232,31 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{f.size - 1}/{f.size}")
             self.end_headers()
             if body:
-                self._send_bytes(f.local, start)
+                self._send_bytes(f, start)
 
-        def _send_bytes(self, local: Path, start: int) -> None:
-            with local.open("rb") as src:
+        def _send_bytes(self, f: HubFile, start: int) -> None:
+            drop = next((n for suffix, n in hub.drop_after.items()
+                         if f.path.endswith(suffix)), None)
+            if drop is not None:
+                hub.drop_after = {k: v for k, v in hub.drop_after.items()
+                                  if not f.path.endswith(k)}
+            flip = any(f.path.endswith(suffix) for suffix in hub.corrupt)
+            sent = start
+            with f.local.open("rb") as src:
                 src.seek(start)
                 while block := src.read(hub.chunk):
+                    if flip and sent <= f.size // 2 < sent + len(block):
+                        at = f.size // 2 - sent
+                        block = block[:at] + bytes([block[at] ^ 0xFF]) + block[at + 1:]
+                    if drop is not None and sent + len(block) > drop:
+                        self.wfile.write(block[:max(0, drop - sent)])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
                     self.wfile.write(block)
                     self.wfile.flush()
+                    sent += len(block)
                     if hub.delay_s:
                         time.sleep(hub.delay_s)
 
