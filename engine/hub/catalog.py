@@ -78,7 +78,7 @@ def _entry(raw: Any, where: str) -> CatalogEntry:
         if bad:
             raise InvalidOptionError("catalog", f"{where} ({raw.get('name')!r}): {why}",
                                      hint="see engine/hub/catalog.schema.json")
-    return CatalogEntry(raw["name"], raw["title"], raw["kind"], raw["size"], fmt,
+    return CatalogEntry(raw["name"], raw["title"], raw["kind"], raw["size"], str(fmt),
                         raw["repo"], raw.get("subfolder", "").strip("/"),
                         raw.get("files", ""), raw["parameters"], raw["quantization"],
                         raw["context"], raw["license"], raw["fim"], raw["tools"],

@@ -22,7 +22,7 @@ def default_models_dir() -> Path:
     return root / "models"
 
 
-def add_arguments(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_arguments(sub: argparse._SubParsersAction) -> None:
     cat = sub.add_parser("catalog", help="list the curated models and whether each fits here",
                          description="List the curated chat, code and reasoning models with "
                          "what this machine would get of each (read from the Hub: file sizes "

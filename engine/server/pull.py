@@ -54,10 +54,12 @@ async def pull(body: OllamaPullRequest, request: Request, ctx: Ctx) -> Response:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
 
+    def report(event: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, _line(event))
+
     def work() -> None:
         try:
-            result = run_pull(name, root, progress=lambda e: loop.call_soon_threadsafe(
-                queue.put_nowait, _line(e)), cancelled=stop.is_set)
+            result = run_pull(name, root, progress=report, cancelled=stop.is_set)
             loop.call_soon_threadsafe(queue.put_nowait, {"status": "success",
                                                          "model": result.folder.name,
                                                          "detail": result.summary})

@@ -55,7 +55,7 @@ def test_a_gguf_repo_gives_its_q4_k_m_converted_into_a_library_folder(hub, tmp_p
     assert result.variant.quant == "Q4_K_M"
     assert "Tiny-Q4_K_M.gguf (Q4_K_M), the best that fits" in result.summary
     assert result.folder == tmp_path / "models" / "Tiny-q4_k_m"
-    assert [e.status for e in events][0] == "pulling manifest"
+    assert events[0].status == "pulling manifest"
     assert events[-1].status == "success"
     assert any(e.total for e in events)  # byte progress was reported
     # only the finished folder is in the library: no staging folder, no other file
