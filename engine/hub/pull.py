@@ -164,6 +164,11 @@ def pull(spec: str, models_dir: Path, *, endpoint: str = "",
     return PullResult(final, variant, entry)
 
 
+def _sentence(stage: str) -> str:
+    text = stage.rstrip("…")
+    return text[:1].lower() + text[1:]
+
+
 def _resumable(exc: DownloadError) -> bool:
     return "continue" in exc.message
 
@@ -181,7 +186,7 @@ def _download(variant: Variant, staging: Path, endpoint: str,
         progress(PullEvent(f"downloading {name or variant.repo}", done, total, digest))
 
     transfer = Transfer(request, staging, report,
-                        lambda stage: progress(PullEvent(stage.rstrip("…").lower())),
+                        lambda stage: progress(PullEvent(_sentence(stage))),
                         cancelled, free_space=free_space,
                         files=(variant.commit, list(variant.files)))
     try:
