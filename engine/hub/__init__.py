@@ -4,6 +4,9 @@ fit labels for this machine, downloads with resume and verification, and ``pull`
 The app imports this package (and only this one below ``engine``) for its downloads.
 """
 
+from engine.hub.bandwidth import read_bandwidth
+from engine.hub.browse import CatalogRow, NotSupported, Variant, catalog_rows, variants
+from engine.hub.catalog import CatalogEntry, find_entry, load_catalog
 from engine.hub.download import (
     DEFAULT_ENDPOINT,
     PARTIAL_DIR,
@@ -22,10 +25,14 @@ from engine.hub.download import (
     list_files,
     target_folder,
 )
+from engine.hub.fit import Fit
+from engine.hub.pull import PullEvent, PullResult, pull
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "PARTIAL_DIR", "DownloadCancelled", "DownloadError",
-    "DownloadOutcome", "DownloadRequest", "RemoteFile", "Transfer", "check_space",
-    "describe_outcome", "disk_free", "explain", "file_digest", "hub_endpoint", "list_files",
-    "target_folder",
+    "DEFAULT_ENDPOINT", "PARTIAL_DIR", "CatalogEntry", "CatalogRow", "DownloadCancelled",
+    "DownloadError", "DownloadOutcome", "DownloadRequest", "Fit", "NotSupported",
+    "PullEvent", "PullResult", "RemoteFile", "Transfer", "Variant", "catalog_rows",
+    "check_space", "describe_outcome", "disk_free", "explain", "file_digest", "find_entry",
+    "hub_endpoint", "list_files", "load_catalog", "pull", "read_bandwidth", "target_folder",
+    "variants",
 ]

@@ -73,11 +73,12 @@ class PullResult:
         return f"{chosen}; {done}: {self.folder}"
 
 
-def parse_spec(spec: str) -> tuple[CatalogEntry | None, str, str | None]:
-    """(catalog entry or None, repo, file or quantization or None) from ``NAME``,
-    ``REPO`` or ``REPO:FILE``."""
+def parse_spec(spec: str, entries: tuple[CatalogEntry, ...] | None = None
+               ) -> tuple[CatalogEntry | None, str, str | None]:
+    """(catalog entry or None, repo, file or quantization or None) from ``NAME`` (of
+    ``entries``, default the shipped catalog), ``REPO`` or ``REPO:FILE``."""
     text = spec.strip()
-    entry = find_entry(text)
+    entry = find_entry(text, entries)
     if entry is not None:
         return entry, entry.repo, None
     repo, _, file = text.partition(":")
@@ -100,11 +101,12 @@ def pull(spec: str, models_dir: Path, *, endpoint: str = "",
          config: EngineConfig | None = None, progress: Callable[[PullEvent], None] = print,
          cancelled: Callable[[], bool] = lambda: False,
          free_space: FreeSpace = disk_free,
-         bandwidth: Callable[[], float] | float | None = None) -> PullResult:
+         bandwidth: Callable[[], float] | float | None = None,
+         entries: tuple[CatalogEntry, ...] | None = None) -> PullResult:
     """Pull ``spec`` into ``models_dir``; raises DownloadError (NotSupported,
     DownloadCancelled) with the sentence to show."""
     endpoint = hub_endpoint(endpoint)
-    entry, repo, file = parse_spec(spec)
+    entry, repo, file = parse_spec(spec, entries)
     progress(PullEvent("pulling manifest"))
     try:
         found = variants(repo, endpoint=endpoint, config=config, bandwidth=bandwidth,
