@@ -44,7 +44,7 @@ from engine.hub import (
     catalog_rows,
     hub_endpoint,
     load_catalog,
-    pull,
+    pull_model,
     read_bandwidth,
 )
 
@@ -200,9 +200,9 @@ class CatalogPanel(QWidget):
             return
         endpoint, config, folder = self._endpoint(), self._config(), self.ctx.paths.models_dir
         name, entries = row.entry.name, self.entries
-        job = _Job(lambda report, stop: pull(name, folder, endpoint=endpoint, config=config,
-                                             progress=report, cancelled=stop,
-                                             entries=entries), self)
+        job = _Job(lambda report, stop: pull_model(
+            name, folder, endpoint=endpoint, config=config, progress=report, cancelled=stop,
+            entries=entries), self)
         job.report.connect(self._on_report)
         job.succeeded.connect(self._on_pulled)
         job.failed.connect(self._on_pull_failed)

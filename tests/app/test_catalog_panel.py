@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PySide6.QtWidgets import QTableWidgetItem
 
 from app.context import AppContext
 from app.paths import AppPaths
@@ -45,17 +46,23 @@ def own(qtbot, paths: AppPaths, tmp_path: Path) -> Iterator[AppContext]:
             proc.kill()
 
 
+def _cell(panel: CatalogPanel, column: int) -> QTableWidgetItem:
+    item = panel.table.item(0, column)
+    assert item is not None
+    return item
+
+
 def test_catalog_tab_labels_gets_and_loads_a_model(qtbot, own: AppContext,
                                                    hub: HubStandin) -> None:
     own.settings.set_value(ENDPOINT_KEY, hub.url)
     panel = CatalogPanel(own, entries=(ENTRY,))
     qtbot.addWidget(panel)
-    assert panel.table.item(0, 5).text() == "not checked yet"  # nothing read before asked
+    assert _cell(panel, 5).text() == "not checked yet"  # nothing read before asked
     panel.check()
     qtbot.waitUntil(lambda: panel.check_job is None, timeout=60_000)
-    assert panel.table.item(0, 3).text() == "Q4_K_M"
-    assert panel.table.item(0, 5).text().startswith("fits")
-    assert "weights" in panel.table.item(0, 5).toolTip()
+    assert _cell(panel, 3).text() == "Q4_K_M"
+    assert _cell(panel, 5).text().startswith("fits")
+    assert "weights" in _cell(panel, 5).toolTip()
     panel.table.selectRow(0)
     assert "apache-2.0" in panel.details.text() and "KV" in panel.details.text()
     assert panel.get_button.isEnabled()
