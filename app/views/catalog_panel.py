@@ -3,7 +3,9 @@ what this machine would get of it and its fit label ("fits", "fits with a shorte
 context (N tokens)", "too big") and expected speed; the numbers behind a label are shown
 when its row is selected. **Get** pulls the selected model (the best GGUF that fits,
 converted; or the ONNX folder) into the app's model folder with progress and Cancel, then
-loads it, so it is ready in the chat's model picker.
+loads it, so it is ready in the chat's model picker. **Search the Hub** adds, below the
+catalog, the repositories of a search (GGUF and ONNX text generation only) with the same
+labels.
 
 The Hub is read on a thread when the tab is first shown (or on **Check the Hub**): file
 sizes and configs come from there, never from the catalog file. The endpoint is the
@@ -22,6 +24,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QProgressBar,
     QPushButton,
     QTableWidget,
@@ -46,6 +49,7 @@ from engine.hub import (
     load_catalog,
     pull_model,
     read_bandwidth,
+    search_hub,
 )
 
 COLUMNS = ("Model", "Kind", "Format", "Takes", "Download", "Here")
@@ -97,6 +101,9 @@ class CatalogPanel(QWidget):
         self.details = named(QLabel(""), "catalog_details")
         self.details.setWordWrap(True)
         self.check_button = named(QPushButton("Check the Hub"), "catalog_check")
+        self.query = named(QLineEdit(), "catalog_query")
+        self.query.setPlaceholderText("a model the catalog lacks, e.g. SmolLM2 or Phi-3")
+        self.search_button = named(QPushButton("Search the Hub"), "catalog_search")
         self.get_button = named(QPushButton("Get"), "catalog_get")
         self.cancel_button = named(QPushButton("Cancel"), "catalog_cancel")
         self.bar = named(QProgressBar(), "catalog_progress")
@@ -106,12 +113,18 @@ class CatalogPanel(QWidget):
         row = QHBoxLayout()
         for w in (self.check_button, self.bar, self.get_button, self.cancel_button):
             row.addWidget(w, 1 if w is self.bar else 0)
+        search = QHBoxLayout()
+        search.addWidget(self.query, 1)
+        search.addWidget(self.search_button)
         layout = QVBoxLayout(self)
+        layout.addLayout(search)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.details)
         layout.addLayout(row)
         layout.addWidget(self.status)
         self.check_button.clicked.connect(self.check)
+        self.search_button.clicked.connect(self.search)
+        self.query.returnPressed.connect(self.search)
         self.get_button.clicked.connect(self.get_selected)
         self.cancel_button.clicked.connect(self.cancel)
         self.table.itemSelectionChanged.connect(self._on_selection)
@@ -146,6 +159,33 @@ class CatalogPanel(QWidget):
         self._update_buttons()
         job.start()
 
+    def search(self) -> None:
+        text = self.query.text().strip()
+        if self.check_job is not None or not text:
+            return
+        endpoint, config = self._endpoint(), self._config()
+
+        def work(_report: Any, _stop: Any) -> list[CatalogRow]:
+            hits = tuple(hit.entry() for hit in search_hub(text, endpoint=endpoint))
+            return catalog_rows(endpoint=endpoint, config=config, bandwidth=read_bandwidth,
+                                entries=hits)
+
+        job = _Job(work, self)
+        job.succeeded.connect(self._on_found)
+        job.failed.connect(self.status.setText)
+        job.finished.connect(self._check_ended)
+        self.check_job = job
+        self.status.setText(f"Searching {endpoint} for {text!r}…")
+        self._update_buttons()
+        job.start()
+
+    def _on_found(self, rows: list[CatalogRow]) -> None:
+        self.rows = [r for r in self.rows if r.entry in self.entries] + rows
+        self._fill()
+        self.status.setText(f"{len(rows)} repositories found (GGUF and ONNX text "
+                            "generation), labelled for this machine" if rows else
+                            "Nothing this engine runs was found for that search")
+
     def _check_ended(self) -> None:
         self.check_job = None
         self._update_buttons()
@@ -169,7 +209,8 @@ class CatalogPanel(QWidget):
         self.table.setRowCount(len(self.rows))
         for i, row in enumerate(self.rows):
             e, c = row.entry, row.choice
-            cells = (e.title, e.kind + (" (FIM)" if e.fim else ""), e.format,
+            kind = e.kind + (" (FIM)" if e.fim else "") if e in self.entries else "Hub search"
+            cells = (e.title, kind, e.format,
                      c.quant if c else e.quantization,
                      human_size(c.download_bytes) if c else "", self.label_of(row))
             for j, text in enumerate(cells):
@@ -188,7 +229,8 @@ class CatalogPanel(QWidget):
             e, c = row.entry, row.choice
             facts = (f"{e.title}: {e.parameters} parameters, {e.context} tokens of context, "
                      f"licence {e.license}; tools: {'yes' if e.tools else 'no'}, reasoning: "
-                     f"{'yes' if e.reasoning else 'no'}. From {e.source}")
+                     f"{'yes' if e.reasoning else 'no'}. From {e.source}"
+                     if e in self.entries else f"{e.repo}, found on the Hub: {e.source}")
             self.details.setText(facts + ("\n" + c.fit.details() if c else ""))
         self._update_buttons()
 
@@ -257,3 +299,4 @@ class CatalogPanel(QWidget):
         self.get_button.setEnabled(not pulling and self.selected() is not None)
         self.cancel_button.setEnabled(pulling)
         self.check_button.setEnabled(self.check_job is None)
+        self.search_button.setEnabled(self.check_job is None)

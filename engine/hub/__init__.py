@@ -27,6 +27,7 @@ from engine.hub.download import (
 )
 from engine.hub.fit import Fit
 from engine.hub.pull import PullEvent, PullResult, pull
+from engine.hub.search import SearchHit, search_hub
 
 #: ``pull`` under a name no module of this package has (``engine.hub.pull`` is one)
 pull_model = pull
@@ -34,8 +35,8 @@ pull_model = pull
 __all__ = [
     "DEFAULT_ENDPOINT", "PARTIAL_DIR", "CatalogEntry", "CatalogRow", "DownloadCancelled",
     "DownloadError", "DownloadOutcome", "DownloadRequest", "Fit", "NotSupported",
-    "PullEvent", "PullResult", "RemoteFile", "Transfer", "Variant", "catalog_rows",
+    "PullEvent", "PullResult", "RemoteFile", "SearchHit", "Transfer", "Variant", "catalog_rows",
     "check_space", "describe_outcome", "disk_free", "explain", "file_digest", "find_entry",
     "hub_endpoint", "list_files", "load_catalog", "pull", "pull_model", "read_bandwidth",
-    "target_folder", "variants",
+    "search_hub", "target_folder", "variants",
 ]

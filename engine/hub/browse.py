@@ -181,7 +181,8 @@ def catalog_rows(*, endpoint: str = "", config: EngineConfig | None = None,
             continue
         try:
             found = variants(entry.repo, endpoint=endpoint, config=config, bandwidth=bandwidth,
-                             subfolder=entry.subfolder if entry.format == "onnx" else None,
+                             subfolder=(entry.subfolder or None) if entry.format == "onnx"
+                             else None,
                              pattern=entry.files or "*.gguf")
             try:
                 choice = best(found)

@@ -10,6 +10,8 @@ repository, with the hub's headers and error codes:
   ``siblings``);
 - ``GET /api/models/{owner}/{name}/tree/{rev}[/{path}]?recursive=``: the listing, each
   file with ``size``, git ``oid`` and, for large (LFS) files, ``lfs.oid`` = sha256;
+- ``GET /api/models?search=&filter=``: the repositories whose id holds the search text and
+  whose files carry the filter (``gguf``: a .gguf file, ``onnx``: an .onnx file);
 - ``HEAD|GET /{owner}/{name}/resolve/{rev}/{path}``: the bytes, with ``Range`` (206 and
   ``Content-Range``), ``ETag`` (``X-Linked-Etag`` = sha256 for LFS files),
   ``X-Repo-Commit``, ``X-Linked-Size``, ``Accept-Ranges``;
@@ -175,7 +177,22 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
             return False
 
+        def _search(self, query: dict[str, list[str]]) -> None:
+            text = query.get("search", [""])[0].lower()
+            wanted = set(query.get("filter", []))
+            found = []
+            for repo_id, repo in hub.repos.items():
+                tags = {suffix for suffix in ("gguf", "onnx")
+                        if any(p.endswith("." + suffix) for p in repo.files)}
+                if text in repo_id.lower() and wanted <= tags:
+                    found.append({"id": repo_id, "modelId": repo_id, "tags": sorted(tags),
+                                  "downloads": 0, "pipeline_tag": "text-generation"})
+            self._json(found)
+
         def _api(self, rest: list[str], query: dict[str, list[str]]) -> None:
+            if not rest:
+                self._search(query)
+                return
             if len(rest) < 2:
                 self._error(404, "NotFound", "no such route")
                 return

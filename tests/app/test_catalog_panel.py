@@ -83,3 +83,18 @@ def test_the_models_page_has_a_catalog_tab(qtbot, own: AppContext) -> None:
     qtbot.addWidget(view)
     assert [view.tabs.tabText(i) for i in range(view.tabs.count())] == ["Library", "Catalog"]
     assert view.catalog.table.rowCount() >= 10  # the shipped catalog
+
+
+def test_hub_search_adds_labelled_rows_for_what_the_catalog_lacks(qtbot, own: AppContext,
+                                                         hub: HubStandin) -> None:
+    own.settings.set_value(ENDPOINT_KEY, hub.url)
+    panel = CatalogPanel(own, entries=(ENTRY,))
+    qtbot.addWidget(panel)
+    panel.query.setText("tiny")
+    panel.search_button.click()
+    qtbot.waitUntil(lambda: panel.check_job is None, timeout=60_000)
+    assert panel.table.rowCount() == 2
+    found = panel.table.item(1, 0)
+    assert found is not None and found.text() == GGUF_REPO
+    label = panel.table.item(1, 5)
+    assert label is not None and label.text().startswith("fits")

@@ -89,3 +89,19 @@ def test_cli_catalog_offline_says_the_hub_was_not_reached(tmp_path):
                            text=True, env=env, cwd=ROOT, timeout=600)
     assert table.returncode == 0 and "qwen2.5-coder-1.5b" in table.stdout
     assert "the Hub was not reached" in table.stdout
+
+
+def test_hub_search_keeps_what_this_engine_runs_and_labels_it(tmp_path):
+    from engine.hub import search_hub
+    from tests.engine.hub.repos import UNSUPPORTED_REPO, unsupported_repo
+
+    repos = {"forge/Tiny-GGUF": gguf_repo(tmp_path),
+             UNSUPPORTED_REPO: unsupported_repo(tmp_path)}
+    with HubStandin(repos) as hub:
+        assert search_hub("forge", endpoint=hub.url) != []
+        hits = search_hub("forge", endpoint=hub.url)
+        assert [(h.repo, h.format) for h in hits] == [("forge/Tiny-GGUF", "gguf")]
+        [row] = catalog_rows(endpoint=hub.url, entries=tuple(h.entry() for h in hits),
+                             bandwidth=1e10)
+    assert row.choice is not None and row.choice.quant == "Q4_K_M"
+    assert row.choice.fit.label == FITS
