@@ -85,8 +85,8 @@ def test_the_models_page_has_a_catalog_tab(qtbot, own: AppContext) -> None:
     assert view.catalog.table.rowCount() >= 10  # the shipped catalog
 
 
-def test_hub_search_adds_labelled_rows_for_what_the_catalog_lacks(qtbot, own: AppContext,
-                                                         hub: HubStandin) -> None:
+def test_hub_search_adds_labelled_rows_for_what_the_catalog_lacks(
+        qtbot, own: AppContext, hub: HubStandin) -> None:
     own.settings.set_value(ENDPOINT_KEY, hub.url)
     panel = CatalogPanel(own, entries=(ENTRY,))
     qtbot.addWidget(panel)
