@@ -158,3 +158,25 @@ def test_cli_pull_gives_a_folder_that_generate_answers_from(hub, tmp_path):
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip()
+
+
+def test_a_cancelled_pull_leaves_no_model_and_the_next_one_continues(hub, tmp_path):
+    from engine.hub.download import DownloadCancelled
+
+    hub.chunk, hub.delay_s = 16 * 1024, 0.01
+    seen = []
+
+    def cancel_midway() -> bool:
+        seen.append(1)
+        return len(seen) > 8
+
+    with pytest.raises(DownloadCancelled):
+        pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None,
+             cancelled=cancel_midway)
+    assert list(find_model_dirs(tmp_path)) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".pull-Tiny-q4_k_m"]  # kept to resume
+    hub.delay_s = 0.0
+    result = pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    ranges = _whole_file_gets(hub, "Q4_K_M.gguf")
+    assert ranges[0] is None and ranges[-1] is not None  # the second asked for the rest
+    assert [p.name for p in tmp_path.iterdir()] == [result.folder.name]
