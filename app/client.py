@@ -250,9 +250,11 @@ class ChatOutcome:
 
 
 class ChatStream(QObject):
-    """An OpenAI chat completion, streamed: ``delta(str)`` pieces, then ``finished``."""
+    """An OpenAI chat completion, streamed: ``delta(str)`` pieces, then ``finished``;
+    a reasoning model's thoughts (``delta.reasoning_content``) come as ``thought(str)``."""
 
     delta = Signal(str)
+    thought = Signal(str)
     finished = Signal(object)  # ChatOutcome
     failed = Signal(object)  # ApiFailure (with the text so far in .body["partial"])
 
@@ -260,6 +262,7 @@ class ChatStream(QObject):
         super().__init__(parent)
         self._stream = stream
         self._parts: list[str] = []
+        self._thoughts: list[str] = []
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
         self._events = 0
@@ -271,6 +274,10 @@ class ChatStream(QObject):
     def text(self) -> str:
         return "".join(self._parts)
 
+    @property
+    def thoughts(self) -> str:
+        return "".join(self._thoughts)
+
     def abort(self) -> None:
         self._stream.abort()
 
@@ -281,6 +288,10 @@ class ChatStream(QObject):
         if isinstance(payload.get("usage"), dict):
             self._usage = payload["usage"]
         for choice in payload.get("choices") or ():
+            thought = (choice.get("delta") or {}).get("reasoning_content")
+            if thought:
+                self._thoughts.append(thought)
+                self.thought.emit(thought)
             piece = (choice.get("delta") or {}).get("content")
             if piece:
                 self._parts.append(piece)

@@ -52,6 +52,15 @@ def _start(model: str, home: AppPaths, timeout: float) -> tuple[subprocess.Popen
     return proc, json.loads(line), ready_s
 
 
+def _kernels(url: str, timeout: float) -> dict[str, Any] | None:
+    """Whether the worker's model runs the engine's own attention kernel, and why not
+    (``/props``), for the report a bug report carries."""
+    with urllib.request.urlopen(url + "/props", timeout=timeout) as reply:
+        kernels: dict[str, Any] | None = json.loads(reply.read().decode("utf-8")).get(
+            "engine_kernels")
+    return kernels
+
+
 def _checks(url: str, timeout: float) -> dict[str, Any]:
     chat, chat_ms = _post(url + "/v1/chat/completions", {
         "model": "", "messages": [{"role": "user", "content": "Write a Python function that "
@@ -84,6 +93,7 @@ def run_selftest(model: str | None, timeout: float) -> int:
         proc, ready, ready_s = _start(chosen, paths, timeout)
         report.update({"ready_s": round(ready_s, 2), "url": ready["url"],
                        "model": ready.get("model"), "listens_on": ready.get("host")})
+        report["engine_kernels"] = _kernels(ready["url"], timeout)
         report.update(_checks(ready["url"], timeout))
         report["ok"] = bool(report["chat"]["ok"] and report["fim"]["ok"]
                             and ready.get("host") == "127.0.0.1")

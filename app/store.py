@@ -23,7 +23,7 @@ from typing import Any
 
 STATES = ("done", "streaming", "stopped", "failed")
 ROLES = ("system", "user", "assistant")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS messages (
     note TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     updated REAL NOT NULL,
+    thoughts TEXT NOT NULL DEFAULT '',
     UNIQUE (conversation_id, position)
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, position);
@@ -80,12 +81,14 @@ class Message:
     note: str  # why an answer ended early ("stopped by you", "interrupted: ...")
     created: float
     updated: float
+    #: A reasoning model's thoughts before this answer: shown folded, never sent back.
+    thoughts: str = ""
 
 
 _CONV_COLS = ("id, title, created, updated, system_prompt, sampling, session_id, "
               "context_from")
 _MSG_COLS = ("id, conversation_id, position, role, content, state, tokens, prompt_tokens, "
-             "note, created, updated")
+             "note, created, updated, thoughts")
 
 
 def _conversation(row: tuple[Any, ...]) -> Conversation:
@@ -119,6 +122,10 @@ class ChatStore:
             if "context_from" not in columns:  # a version-1 file: every message was sent
                 self._db.execute("ALTER TABLE conversations ADD COLUMN context_from "
                                  "INTEGER NOT NULL DEFAULT 0")
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(messages)")}
+            if "thoughts" not in columns:  # before version 3: no reasoning models' thoughts
+                self._db.execute("ALTER TABLE messages ADD COLUMN thoughts TEXT NOT NULL "
+                                 "DEFAULT ''")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -236,12 +243,13 @@ class ChatStore:
 
     def update_message(self, message_id: int, *, content: str | None = None,
                        state: str | None = None, tokens: int | None = None,
-                       prompt_tokens: int | None = None, note: str | None = None) -> None:
+                       prompt_tokens: int | None = None, note: str | None = None,
+                       thoughts: str | None = None) -> None:
         """Change the given fields of a message (``None``: keep)."""
         if state is not None and state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         fields = {"content": content, "state": state, "tokens": tokens,
-                  "prompt_tokens": prompt_tokens, "note": note}
+                  "prompt_tokens": prompt_tokens, "note": note, "thoughts": thoughts}
         changes = {k: v for k, v in fields.items() if v is not None}
         if not changes:
             return
@@ -286,7 +294,11 @@ class ChatStore:
                 extra += " (not sent to the model)"
             if m.role == "assistant" and m.tokens is not None:
                 extra += f" — {m.tokens} tokens"
-            lines += [f"## {heading}{extra}", "", m.content, ""]
+            lines += [f"## {heading}{extra}", ""]
+            if m.thoughts:
+                lines += ["<details><summary>Thinking</summary>", "", m.thoughts.strip(), "",
+                          "</details>", ""]
+            lines += [m.content, ""]
         return "\n".join(lines).rstrip() + "\n"
 
 
@@ -305,6 +317,7 @@ class StreamWriter:
         self.every = every
         self._clock = clock
         self._parts: list[str] = []
+        self._thoughts: list[str] = []
         self._pending = 0
         self._last = clock()
         self.writes = 0
@@ -312,6 +325,19 @@ class StreamWriter:
     @property
     def text(self) -> str:
         return "".join(self._parts)
+
+    @property
+    def thoughts(self) -> str:
+        return "".join(self._thoughts)
+
+    def append_thought(self, piece: str) -> None:
+        """A reasoning model's thought text: saved apart from the answer."""
+        self._thoughts.append(piece)
+        self._pending += 1
+        if self._pending >= self.every:
+            self.flush()
+        else:
+            self.flush_if_due()
 
     def append(self, piece: str) -> None:
         self._parts.append(piece)
@@ -327,7 +353,8 @@ class StreamWriter:
 
     def flush(self) -> None:
         if self._pending:
-            self.store.update_message(self.message_id, content=self.text)
+            self.store.update_message(self.message_id, content=self.text,
+                                      thoughts=self.thoughts if self._thoughts else None)
             self.writes += 1
         self._pending = 0
         self._last = self._clock()
@@ -335,6 +362,7 @@ class StreamWriter:
     def finish(self, state: str, *, tokens: int | None = None,
                prompt_tokens: int | None = None, note: str | None = None) -> None:
         self.store.update_message(self.message_id, content=self.text, state=state,
-                                  tokens=tokens, prompt_tokens=prompt_tokens, note=note)
+                                  tokens=tokens, prompt_tokens=prompt_tokens, note=note,
+                                  thoughts=self.thoughts if self._thoughts else None)
         self._pending = 0
         self.writes += 1

@@ -26,6 +26,8 @@ from engine.errors import (
 )
 from engine.generation.sampling import CustomSampler, SamplerContext
 from engine.generation.stopping import FinishReason
+from engine.kernels import KernelStatus, KernelUse
+from engine.kernels import status as kernel_status
 from engine.model.folders import (
     FolderFacts,
     completeness_problem,
@@ -58,6 +60,8 @@ __all__ = [
     "InvalidOptionError",
     "InvalidPromptError",
     "JsonConstraintSpec",
+    "KernelStatus",
+    "KernelUse",
     "ModelLoadError",
     "ResourceLimitError",
     "RuntimeSelectionError",
@@ -74,4 +78,5 @@ __all__ = [
     "inspect_folder",
     "installed_ort_variants",
     "is_model_dir",
+    "kernel_status",
 ]

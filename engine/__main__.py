@@ -252,6 +252,10 @@ def summary(report: dict[str, Any]) -> str:
         "CUDA graphs:     " + ("can be captured" if safety["safe"]
                                else "declined: " + "; ".join(safety["reasons"])),
     ]
+    kernels = report["engine_kernels"]
+    lines.append(f"Attention (CPU): {kernels['summary']}")
+    if not kernels["ready"] or kernels["reason"]:
+        lines.append(f"                 {kernels['line']}")
     warnings = report["warnings"]
     lines.append("Warnings:        " + ("none" if not warnings else warnings[0]))
     lines += [f"                 {w}" for w in warnings[1:]]

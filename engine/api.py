@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError, InvalidPromptError
@@ -33,6 +33,11 @@ class GenerateRequest:
     #: More variables for the chat template, as Hugging Face's ``apply_chat_template``
     #: passes its keyword arguments (the worker sets ``tool_choice`` with tools).
     chat_template_kwargs: Mapping[str, Any] | None = None
+    #: A reasoning model's thoughts (engine.text.reasoning): None splits them from the
+    #: answer for chat messages; "open" / "closed" split them for a prompt given as ids
+    #: that ends inside / outside a think tag (a chat turn continued from a session);
+    #: "off" leaves the output as it came.
+    thoughts: Literal["open", "closed", "off"] | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.token_ids)]
@@ -72,6 +77,9 @@ class GenerateResult:
     prompt_tokens_dropped: int = 0
     #: Proposed / accepted tokens when speculative decoding ran.
     speculation: SpeculativeStats | None = None
+    #: A reasoning model's thoughts (``<think>…</think>``, tags left out); ``text`` is
+    #: then the answer alone (engine.text.reasoning).
+    thoughts: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,3 +94,6 @@ class GenerateEvent:
     logprob: TokenLogprob | None
     timestamp: float
     result: GenerateResult | None = None
+    #: Thought text that became stable with this event (reasoning models; ``text`` is the
+    #: answer's part).
+    thought: str = ""

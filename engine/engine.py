@@ -24,6 +24,7 @@ from engine.errors import (
 from engine.generation.mtp import MtpHead
 from engine.generation.request import RequestRun
 from engine.generation.spec_heads import DeclaredHead, load_declared_head
+from engine.kernels import KernelUse
 from engine.kv.cache import (
     KVGeometry,
     PagePool,
@@ -52,6 +53,7 @@ from engine.runtime.placement import plan_placement
 from engine.runtime.providers import (
     SessionInfo,
     available_providers,
+    log_kernel_use,
     provider_from_env,
     pruned_graph,
 )
@@ -100,6 +102,8 @@ class Engine:
         self.mtp_head: MtpHead | None = None
         #: Why the model runs on the CPU although a GPU was there (None when it does not).
         self.placement_reason: str | None = None
+        #: What its GroupQueryAttention nodes run (engine.kernels); None unless `load` made it.
+        self.kernel_use: KernelUse | None = None
         #: The huge-page collapse after a load (None: not asked, or not the CPU).
         self._huge_pages: BackgroundAdvice | None = None
         self._new_runner = runner_factory(
@@ -142,11 +146,15 @@ class Engine:
             parse_limit(config.vram_limit, field="vram_limit"))
         if placement.reason:
             log.warning("%s", placement.reason)
-        graph, spec = pruned_graph(model.model_file, spec, config, placement.provider)
+        graph, spec, kernel_use = pruned_graph(
+            model.model_file, spec, config, placement.provider,
+            model.graph.op_counts.get("GroupQueryAttention", 0))
+        log_kernel_use(model.path.name, kernel_use)
         session, info, capture = open_session(model.model_file, config, placement,
                                               spec.decode_path, graph)
         engine = cls(model, tokenizer, session, info, spec, config, graph_capture=capture)
         engine.placement_reason = placement.reason
+        engine.kernel_use = kernel_use
         engine.declared_head = head
         if head is not None and head.executable:
             engine.mtp_head = MtpHead.load(head, config, placement.provider)
@@ -408,7 +416,10 @@ class Engine:
                 **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe(),
-                "huge_pages": None if self.huge_pages is None else self.huge_pages.as_dict()}
+                "huge_pages": None if self.huge_pages is None else self.huge_pages.as_dict(),
+                # whether the engine's own attention kernel runs, and why not where it does not
+                "engine_kernels": None if self.kernel_use is None
+                else self.kernel_use.as_dict()}
 
 
 def _result_of(events: Iterator[GenerateEvent]) -> GenerateResult:

@@ -1,20 +1,36 @@
-"""Session-wide fixtures: a home folder of the session's own (the user's is never written),
+"""Session-wide fixtures: a home folder of the run's own (the user's is never written),
 forged model folders (built once per test session) and the shared reference exports."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.home_guard import HomeGuard, default_allowed, isolate_home, real_home
+
+# The run's own home, set up at import, before any test module or fixture imports
+# platformdirs, Qt or ONNX Runtime, and never undone: HOME, the XDG folders, rustup's,
+# Cargo's and the Hugging Face homes point into it for this process and every worker, app or
+# pip a test starts (tests/home_guard.py). GUARD records what this process writes under the
+# user's real home; each test is failed for its own writes (_home_untouched below).
+REAL_HOME = real_home()
+_ALLOWED = default_allowed(Path(__file__).resolve().parents[1])  # before HOME moves
+SUITE_HOME = isolate_home()
+atexit.register(shutil.rmtree, SUITE_HOME, ignore_errors=True)  # however pytest ends
+GUARD = HomeGuard(REAL_HOME, [*_ALLOWED, SUITE_HOME])
+GUARD.install()
 
 # ONNX Runtime writes its telemetry database under ~/.cache/Microsoft as soon as it is
 # imported (tests.forge imports it, at collection, before any fixture runs) and again when
 # the process exits: off for the whole run, set before that import and never undone.
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 
-from tests.forge import (
+from tests.forge import (  # noqa: E402
     ForgeSpec,
     make_tokenizer_files,
     write_genai_model,
@@ -24,67 +40,48 @@ from tests.forge import (
 
 REFERENCE_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "reference-models"
 
-#: The folders under the user's home that this project's code writes to when pointed there
-#: (the app's and the worker's platformdirs: chats, settings, admin token, KV store). Other
-#: libraries' folders (ONNX Runtime's telemetry under .cache/Microsoft, the Hugging Face
-#: cache) are not watched: other programs on the machine write there too, and the
-#: session's HOME and ORT_DISABLE_TELEMETRY keep the tests out of them (tests/test_home.py).
-WATCHED = (".cache/onnx-local-llm", ".config/onnx-local-llm", ".local/share/onnx-local-llm",
-           ".local/state/onnx-local-llm")
+
+def _home_writes(who: str, writes: list[str]) -> str:
+    return (f"{who} wrote under the real home {REAL_HOME} (tests write in their temporary "
+            f"folders; the run's home is {SUITE_HOME}):\n" + "\n".join(writes[:40]))
 
 
-def home_snapshot(home: Path) -> dict[str, tuple[int, int]]:
-    """Each WATCHED folder and everything under it (modified time, size): what a test
-    could change in ``home``."""
-    seen: dict[str, tuple[int, int]] = {}
-    for folder in WATCHED:
-        for root, dirs, files in os.walk(home / folder):
-            for path in (Path(root), *(Path(root, name) for name in dirs + files)):
-                try:
-                    info = path.lstat()
-                except OSError:
-                    continue
-                seen[str(path.relative_to(home))] = (info.st_mtime_ns, info.st_size)
-    return seen
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp:
+        GUARD.allow(Path(config.option.basetemp))
 
 
-def home_changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
-                 ) -> list[str]:
-    """What differs between two snapshots, one line a path."""
-    changed = []
-    for path in sorted(set(before) | set(after)):
-        if path not in before:
-            changed.append(f"+ {path}")
-        elif path not in after:
-            changed.append(f"- {path}")
-        elif before[path] != after[path]:
-            changed.append(f"~ {path}")
-    return changed
+@pytest.fixture(autouse=True)
+def _home_untouched() -> Iterator[None]:
+    """Fails the test that wrote under the user's real home (this process's writes only:
+    another program writing there meanwhile is none of the test's doing)."""
+    before = GUARD.take()
+    if before:
+        pytest.fail(_home_writes("collecting the tests or setting up this test's fixtures",
+                                 before), pytrace=False)
+    yield
+    during = GUARD.take()
+    if during:
+        pytest.fail(_home_writes("this test", during), pytrace=False)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """HOME and the XDG folders (so platformdirs too) point at a temporary folder for the
-    whole session, in this process and in every worker or app process a test starts (they
-    inherit the environment; ONNX Runtime's telemetry is off from the import above). At the
-    end the session fails if anything under the user's real home changed."""
-    real = Path(os.environ.get("HOME") or Path.home())
-    before = home_snapshot(real)
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(home))
-        for variable, folder in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
-                                 ("XDG_DATA_HOME", ".local/share"),
-                                 ("XDG_STATE_HOME", ".local/state"),
-                                 ("XDG_RUNTIME_DIR", "runtime")):
-            (home / folder).mkdir(parents=True, mode=0o700)
-            patch.setenv(variable, str(home / folder))
-        patch.delenv("ONNX_LOCAL_LLM_HOME", raising=False)
-        yield home
-    changed = home_changes(before, home_snapshot(real))
-    if changed:
-        pytest.fail(f"the tests wrote under the real home {real} (+ new, ~ changed, "
-                    f"- removed):\n" + "\n".join(changed[:40]), pytrace=False)
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Writes no test was failed for (a session fixture's teardown, the last test's)."""
+    left = GUARD.take()
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(_home_writes("the test run", left), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+
+@pytest.fixture(scope="session")
+def session_home() -> Path:
+    """The run's home folder: HOME and the XDG folders (so platformdirs and Qt) point here in
+    this process and in every process a test starts."""
+    return SUITE_HOME
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Help → About: the app's version and the versions it runs on (ONNX Runtime, Qt,
-PySide6, Python), and the built-in model's licence and where it comes from, read from the
-files in its folder (``resources/models/smollm2-135m-instruct``): ``LICENSE``,
-``PROVENANCE.md`` when there is one, ``MODEL_CARD.md``. What the folder lacks is said, not
-guessed."""
+PySide6, Python), whether the engine's own decode-attention kernel is in use, and the
+built-in model's licence and where it comes from, read from the files in its folder
+(``resources/models/smollm2-135m-instruct``): ``LICENSE``, ``PROVENANCE.md`` when there is
+one, ``MODEL_CARD.md``. What the folder lacks is said, not guessed."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from PySide6.QtCore import qVersion
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
 
 from app.paths import resources_dir
+from engine import kernel_status
 
 BUILTIN_NAME = "smollm2-135m-instruct"
 _LICENSES = (("Apache License", "Version 2.0", "Apache-2.0"),
@@ -97,12 +98,21 @@ def model_section(folder: Path) -> str:
     return "".join(parts)
 
 
+def kernels_section() -> str:
+    """Whether this install runs the engine's own decode-attention kernel, why not, and the
+    fix (engine.kernels.status: the worker runs on the same install)."""
+    found = kernel_status()
+    return (f"<p>Engine kernels: <b>{html.escape(found.state)}</b> — "
+            f"{html.escape(found.line())}</p>")
+
+
 def about_html(folder: Path | None = None) -> str:
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td><b>{html.escape(v)}</b></td></tr>"
                    for k, v in versions().items())
     return ("<h2>ONNX Local LLM</h2><p>Chat and code completion with language models that "
             "run on this computer.</p>"
             f"<table cellspacing='4'>{rows}</table>"
+            + kernels_section()
             + model_section(folder or builtin_model_dir()))
 
 

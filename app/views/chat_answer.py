@@ -115,6 +115,7 @@ class AnswerRun(QObject):
                                            session_id=self.session_id,
                                            model=str((self.ctx.model or {}).get("id") or ""))
         self.stream.delta.connect(self._on_delta)
+        self.stream.thought.connect(self._on_thought)
         self.stream.finished.connect(self._on_finished)
         self.stream.failed.connect(self._on_failed)
         self._tick.start()
@@ -131,6 +132,10 @@ class AnswerRun(QObject):
 
     def _on_delta(self, piece: str) -> None:
         self.writer.append(piece)
+        self._dirty = True
+
+    def _on_thought(self, piece: str) -> None:
+        self.writer.append_thought(piece)
         self._dirty = True
 
     def _on_tick(self) -> None:

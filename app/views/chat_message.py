@@ -1,5 +1,6 @@
 """One message of the transcript: a header (who, tokens, state, actions) over its text,
-rendered as Markdown with a "Copy code" link before each fenced code block."""
+rendered as Markdown with a "Copy code" link before each fenced code block. A reasoning
+model's thoughts sit folded above its answer ("Thinking…"), opened with a click."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QTextBrowser,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -156,11 +158,24 @@ class MessageWidget(QFrame):
                                     "messageLeftOut")
         self.left_out_label.setWordWrap(True)
         self.left_out_label.hide()
+        self.thoughts_button = named(QToolButton(), "thoughtsToggle")
+        self.thoughts_button.setCheckable(True)
+        self.thoughts_button.setAutoRaise(True)
+        self.thoughts_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.thoughts_button.setArrowType(Qt.ArrowType.RightArrow)
+        self.thoughts_button.toggled.connect(self._show_thoughts)
+        self.thoughts_button.hide()
+        self.thoughts = MessageBody(self)
+        self.thoughts.setObjectName("messageThoughts")
+        self.thoughts.setEnabled(False)  # the palette's quieter text: not the answer
+        self.thoughts.hide()
         self.body = MessageBody(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.addLayout(header)
         layout.addWidget(self.left_out_label)
+        layout.addWidget(self.thoughts_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addWidget(self.thoughts)
         layout.addWidget(self.body)
         self.update_from(message, answering=False)
 
@@ -174,8 +189,21 @@ class MessageWidget(QFrame):
     def set_text(self, text: str) -> None:
         self.body.set_source(text)
 
+    def set_thoughts(self, text: str, thinking: bool) -> None:
+        """A reasoning model's thoughts, folded; ``thinking``: the answer has not begun."""
+        self.thoughts_button.setVisible(bool(text))
+        self.thoughts_button.setText("Thinking…" if thinking else "Thoughts")
+        if text != self.thoughts.source_text:
+            self.thoughts.set_source(text)
+
+    def _show_thoughts(self, shown: bool) -> None:
+        self.thoughts_button.setArrowType(Qt.ArrowType.DownArrow if shown
+                                          else Qt.ArrowType.RightArrow)
+        self.thoughts.setVisible(shown)
+
     def update_from(self, message: Message, answering: bool) -> None:
         self.message = message
+        self.set_thoughts(message.thoughts, answering and not message.content)
         self.body.set_source(message.content)
         self.info.setText(describe(message, answering))
         failed = message.state == "failed" and bool(message.note)

@@ -299,6 +299,7 @@ class ChatView(ContextFitting, QWidget):
         run = self._run
         widget = self.transcript.widget_of(run.message_id) if run is not None else None
         if run is not None and widget is not None:
+            widget.set_thoughts(run.writer.thoughts, thinking=not run.text)
             widget.set_text(run.text)
 
     def _on_ended(self, end: AnswerEnd) -> None:

@@ -17,6 +17,7 @@ from engine.generation.mtp import MtpHead
 from engine.generation.sampling import CustomSamplerCall, TokenLogprob
 from engine.generation.stopping import JSON_COMPLETE, FinishReason, StopChecker
 from engine.runtime.runner import DecodeRunner
+from engine.text.reasoning import ThoughtSplitter, think_tags, thought_mode
 from engine.text.tokenizer import Tokenizer
 
 _FLUSHED = ("max_tokens", "length", "cancelled", "json_complete")
@@ -38,6 +39,8 @@ class RequestRun:
         self.dropped = dropped
         self._stopper = StopChecker(options, eos_token_ids=eos)
         self._detok = tokenizer.detokenizer(skip_special=True)
+        self._thoughts, self._tag_texts = self._thought_splitter(request, prompt, tokenizer)
+        self._thought_pieces: list[str] = []
         single = [s[0] for s in options.stop_sequences if isinstance(s, tuple) and len(s) == 1]
         self.clock = LoopClock(start=started)
         self._constraint = None if options.constraint is None else TokenConstraint(
@@ -56,6 +59,31 @@ class RequestRun:
         self._logprobs: list[TokenLogprob] = []
         self._pieces: list[str] = []
         self.finish: FinishReason | None = None
+
+    @staticmethod
+    def _thought_splitter(request: GenerateRequest, prompt: list[int], tokenizer: Tokenizer
+                          ) -> tuple[ThoughtSplitter | None, dict[int, str]]:
+        """A chat request to a reasoning model splits its thoughts from its answer (also a
+        chat turn given as ids that says so; not under a constraint: a grammar shapes the
+        whole output); the tags' texts by id where the detokenizer would drop them."""
+        mode = request.thoughts
+        if mode is None and request.messages is not None:
+            mode = thought_mode(tokenizer, prompt)
+        tags = think_tags(tokenizer)
+        if mode in (None, "off") or tags is None or request.options.constraint is not None:
+            return None, {}
+        skipped = {i: t for i, t in ((tags.open_id, tags.open), (tags.close_id, tags.close))
+                   if i is not None and i in tokenizer.skipped_ids}
+        return ThoughtSplitter(tags, inside=mode == "open"), skipped
+
+    def _answer_text(self, token_id: int) -> str:
+        """The token's text with a reasoning model's thoughts taken out (kept apart)."""
+        piece = self._detok.add(token_id)
+        if self._thoughts is None:
+            return piece
+        thought, answer = self._thoughts.feed(piece + self._tag_texts.get(token_id, ""))
+        self._thought_pieces.append(thought)
+        return answer
 
     @property
     def cancelled(self) -> bool:
@@ -77,14 +105,16 @@ class RequestRun:
         if step.logprob is not None:
             self._logprobs.append(step.logprob)
         text = ""
+        thought_before = len(self._thought_pieces)
         if finish is None:
-            text, finish = self._stopper.feed_text(self._detok.add(step.token_id))
+            text, finish = self._stopper.feed_text(self._answer_text(step.token_id))
         self._pieces.append(text)
         if finish is None and step.context_full and \
                 len(self.sampled) < self.request.options.max_new_tokens:
             finish = FinishReason("length")
         self.finish = finish
-        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
+        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter(),
+                             thought="".join(self._thought_pieces[thought_before:]))
 
     def _on_constrained_step(self, step: StepOutput,
                              constraint: TokenConstraint) -> GenerateEvent | None:
@@ -133,14 +163,22 @@ class RequestRun:
         finish = self.finish or FinishReason("cancelled" if self.cancelled else "max_tokens")
         events = []
         if finish.kind in _FLUSHED:
+            thought = ""
             if self._constraint is not None:
                 tail = self._detok.flush()
             else:
-                tail, _ = self._stopper.feed_text(self._detok.flush())
+                tail = self._detok.flush()
+                if self._thoughts is not None:
+                    thought, tail = self._thoughts.feed(tail)
+                    more_thought, more = self._thoughts.flush()
+                    thought, tail = thought + more_thought, tail + more
+                    self._thought_pieces.append(thought)
+                tail, _ = self._stopper.feed_text(tail)
                 tail += self._stopper.flush()
-            if tail:
+            if tail or thought:
                 self._pieces.append(tail)
-                events.append(GenerateEvent(tail, None, None, time.perf_counter()))
+                events.append(GenerateEvent(tail, None, None, time.perf_counter(),
+                                            thought=thought))
         ended = time.perf_counter()
         generated = self.sampled[:-1] if finish.kind == "eos_token" else self.sampled
         clock = self.clock
@@ -151,6 +189,6 @@ class RequestRun:
             text="".join(self._pieces), token_ids=tuple(generated), finish_reason=finish,
             prompt_tokens=len(self.prompt), timings=timings, logprobs=tuple(self._logprobs),
             prefix_cache_hit_len=self.cached, speculation=self.sequence.speculation,
-            prompt_tokens_dropped=self.dropped)
+            prompt_tokens_dropped=self.dropped, thoughts="".join(self._thought_pieces))
         events.append(GenerateEvent("", None, None, ended, result=result))
         return events

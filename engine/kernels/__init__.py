@@ -4,12 +4,19 @@
 setuptools compiles it as an optional extension (setup.py) to `decode_attention.ortops`;
 ONNX Runtime loads it with `SessionOptions.register_custom_ops_library`, Python never
 imports it. Where it was not built (no C compiler at install), `library()` is None and
-graphs keep ONNX Runtime's kernels.
+graphs keep ONNX Runtime's kernels. `status()` says which of these holds, and why;
+`python -m engine.kernels` prints it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import sys
+import sysconfig
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
@@ -17,10 +24,135 @@ from pathlib import Path
 ENV = "ONNX_GENAI_KERNELS"
 #: What setup.py builds (named so that no importer takes it for a Python module).
 LIBRARY = Path(__file__).resolve().parent / "decode_attention.ortops"
+#: The library's path instead of LIBRARY (a build kept elsewhere; a missing file tests an
+#: install without one).
+LIBRARY_ENV = "ONNX_GENAI_KERNELS_LIBRARY"
+
+#: The states of `KernelStatus.state`; the first three run the engine kernels.
+READY_STATES = ("avx2+fma", "portable", "built")
+_REINSTALL = "re-run the install (./scripts/setup, or pip install -e '.[cpu]' in the clone)"
+
+
+def library_path() -> Path:
+    """Where the compiled kernels' library is looked for (LIBRARY, or LIBRARY_ENV's path)."""
+    return Path(os.environ.get(LIBRARY_ENV) or LIBRARY)
 
 
 def library() -> Path | None:
     """The compiled kernels' library, or None (not built, or turned off by the variable)."""
     if os.environ.get(ENV, "1") == "0":
         return None
-    return LIBRARY if LIBRARY.is_file() else None
+    path = library_path()
+    return path if path.is_file() else None
+
+
+def c_compiler() -> str | None:
+    """The C compiler on PATH now (the one setuptools would take first), or None."""
+    names = ["cl"] if sys.platform == "win32" else []
+    configured = (sysconfig.get_config_var("CC") or "").split()
+    names += [Path(c).name for c in configured[:1]] + ["cc", "gcc", "clang"]
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """Whether this install runs the engine's own kernels: `state` is "avx2+fma" or
+    "portable" (ready, with the vector or the plain C code), "built" (ready, an older build
+    that does not say which), "off" (ONNX_GENAI_KERNELS=0), "not built" or "cannot load".
+    `reason` says why (None for avx2+fma), `fix` what to do (None when nothing is to be
+    done), `compiler` the C compiler on PATH now (what a rebuild would use)."""
+
+    state: str
+    library: str | None
+    reason: str | None
+    compiler: str | None
+    fix: str | None
+
+    @property
+    def ready(self) -> bool:
+        return self.state in READY_STATES
+
+    def line(self) -> str:
+        """One line for a log, a start-up banner or a bug report."""
+        head = {"avx2+fma": "the engine kernel for decode attention is ready (AVX2+FMA)",
+                "portable": "the engine kernel for decode attention is ready (portable C, "
+                            "no AVX2)",
+                "built": "the engine kernel for decode attention is ready",
+                "off": "the engine kernel for decode attention is turned off",
+                "not built": "the engine kernel for decode attention is not built",
+                "cannot load": "the engine kernel for decode attention cannot be loaded",
+                }[self.state]
+        text = head + (f": {self.reason}" if self.reason else "")
+        return text + (f"; {self.fix}" if self.fix else "")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"state": self.state, "ready": self.ready, "library": self.library,
+                "reason": self.reason, "compiler": self.compiler, "fix": self.fix,
+                "line": self.line()}
+
+
+def status() -> KernelStatus:
+    """What this install runs for GroupQueryAttention on the CPU, and why."""
+    compiler = c_compiler()
+    if os.environ.get(ENV, "1") == "0":
+        return KernelStatus("off", None, f"{ENV}=0 in the environment", compiler,
+                            f"unset {ENV} to turn it on")
+    path = library_path()
+    if not path.is_file():
+        if compiler is None:
+            reason = (f"no {path.name} in {path.parent} and no C compiler on PATH to build "
+                      "it (ONNX Runtime's attention kernel runs instead, slower at long "
+                      "prompts)")
+            fix = ("install a C compiler (Debian/Ubuntu: sudo apt-get install gcc; Fedora: "
+                   "sudo dnf install gcc; macOS: xcode-select --install; Windows: the "
+                   "Microsoft C++ Build Tools), then " + _REINSTALL)
+        else:
+            reason = (f"no {path.name} in {path.parent} (ONNX Runtime's attention kernel "
+                      f"runs instead); a C compiler is on PATH now: {compiler}")
+            fix = _REINSTALL + "; if it is still not built, pip install -v shows why"
+        return KernelStatus("not built", None, reason, compiler, fix)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        return KernelStatus("cannot load", str(path), str(exc), compiler, _REINSTALL)
+    try:
+        paths_of = lib.EngineKernelsPaths
+    except AttributeError:  # built before the library said which paths it runs
+        return KernelStatus("built", str(path), "an older build that does not say whether "
+                            "it runs AVX2 or portable C", compiler, _REINSTALL + " to update it")
+    paths_of.restype = ctypes.c_char_p
+    paths_of.argtypes = []
+    state, _, why = (paths_of() or b"").decode("utf-8", "replace").partition(": ")
+    if state not in ("avx2+fma", "portable"):  # a newer build's answer this code cannot read
+        return KernelStatus("built", str(path), f"it reports {state!r}", compiler, None)
+    return KernelStatus(state, str(path), why or None, compiler, None)
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """What one loaded model runs: of its `nodes` GroupQueryAttention nodes, `moved` run
+    the engine's kernel; `kept` counts why the others keep ONNX Runtime's."""
+
+    status: KernelStatus
+    nodes: int
+    moved: int
+    kept: Counter[str] = field(default_factory=Counter)
+
+    def line(self) -> str:
+        if not self.nodes:
+            return "no GroupQueryAttention in the graph: the engine kernel has nothing to run"
+        text = f"{self.moved} of {self.nodes} GroupQueryAttention nodes run the engine kernel"
+        if self.kept:
+            whys = [why if len(self.kept) == 1 else f"{why} ({n})"
+                    for why, n in self.kept.most_common()]
+            text += f"; ONNX Runtime runs the other {self.nodes - self.moved}: " + \
+                "; ".join(whys)
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {**self.status.as_dict(), "attention_nodes": self.nodes, "moved": self.moved,
+                "kept": dict(self.kept), "summary": self.line()}

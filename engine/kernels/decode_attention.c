@@ -647,15 +647,27 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
 static CustomOp g_op;
 static OrtCustomOpDomain* g_domain;
 
+/* Which dot products the kernel runs on this CPU, and why: what RegisterCustomOps picks. */
+static const char* choose_paths(void) {
+#ifdef HAVE_X86_PATHS
+  __builtin_cpu_init();
+  const char* choice = getenv("ONNX_GENAI_KERNELS");
+  if (choice != NULL && strcmp(choice, "portable") == 0) return "portable: ONNX_GENAI_KERNELS=portable";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
+  return "portable: this CPU lacks AVX2 or FMA";
+#else
+  return "portable: built without the x86-64 AVX2 code";
+#endif
+}
+
+/* For `python -m engine.kernels` (ctypes): the paths this library runs, "avx2+fma" or
+   "portable: <why>". A build without this function predates it. */
+ENGINE_EXPORT const char* EngineKernelsPaths(void) { return choose_paths(); }
+
 /* Called by ONNX Runtime (SessionOptions.register_custom_ops_library). */
 ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   if (g_api == NULL) {
-#ifdef HAVE_X86_PATHS
-    __builtin_cpu_init();
-    const char* choice = getenv("ONNX_GENAI_KERNELS");
-    g_isa = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            !(choice != NULL && strcmp(choice, "portable") == 0);
-#endif
+    g_isa = strcmp(choose_paths(), "avx2+fma") == 0;
     g_api = base->GetApi(API_VERSION);
     if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.20 */
   }

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.model.io_spec import resolve_io
 from engine.model.model_dir import load_model_dir
 from engine.runtime.cuda_graph import structural_declines
+from engine.runtime.providers import pruned_graph
 from engine.text.fim import detect_fim_family
 from engine.text.tokenizer import Tokenizer
 
@@ -19,6 +21,9 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
     tokenizer = Tokenizer.from_dir(model.path)
     fim = detect_fim_family(tokenizer)
     declines = structural_declines(model.model_file, spec.decode_path)
+    # what a load on the CPU would run for attention: the engine's kernel, or why not
+    _, _, kernel_use = pruned_graph(model.model_file, spec, EngineConfig(prune_logits=False),
+                                    "cpu", model.graph.op_counts.get("GroupQueryAttention", 0))
     eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
     heads = sorted({p.num_heads for p in spec.kv_pairs})
     dims = sorted({p.head_dim for p in spec.kv_pairs})
@@ -46,5 +51,6 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
         "external_data": [e.path.name for e in model.graph.external_data],
         "top_level_control_flow": model.graph.top_level_control_flow,
         "cuda_graph_safety": {"safe": not declines, "reasons": declines},
+        "engine_kernels": kernel_use.as_dict(),
         "warnings": list(model.warnings) + list(spec.convention_warnings),
     }

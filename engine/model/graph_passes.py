@@ -18,6 +18,7 @@ that name) is left as it is.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -282,33 +283,44 @@ def own_attention(data: bytes) -> bytes | None:
     (engine/kernels/decode_attention.c: the same inputs, outputs and attributes; its own
     decode step, ONNX Runtime's kernel for everything else), or None when no node
     qualifies. The caller registers the kernel's library with the session."""
+    return own_attention_moves(data)[0]
+
+
+def own_attention_moves(data: bytes) -> tuple[bytes | None, int, Counter[str]]:
+    """`own_attention`, with the graph's GroupQueryAttention node count and why the nodes
+    not moved keep ONNX Runtime's kernel (a reason each, counted)."""
+    kept: Counter[str] = Counter()
     parsed = _parse(data)
     if parsed is None:
-        return None
+        kept["the graph could not be read"] += 1
+        return None, 0, kept
     view, graph = parsed
     g0, g1 = graph.span
     out = bytearray()
     pos = g0
-    moved = 0
+    nodes = moved = 0
     for g in graph.nodes:
         if g.node.op_type != "GroupQueryAttention":
             continue
+        nodes += 1
         node = _own_attention_node(view, g, graph.inputs)
-        if node is None:
+        if isinstance(node, str):
+            kept[node] += 1
             continue
         out += view[pos:g.start]
         out += proto._bytes(1, node)
         pos = g.end
         moved += 1
     if not moved:
-        return None
+        return None, nodes, kept
     out += view[pos:g1]
     opset = proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
-    return _with_graph(view, bytes(out), opset)
+    return _with_graph(view, bytes(out), opset), nodes, kept
 
 
 def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, int]
-                        ) -> bytes | None:
+                        ) -> bytes | str:
+    """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
     r = _Reader(view, g.start, g.end)
     r.varint()  # the node field's key
     length = r.varint()
@@ -330,17 +342,22 @@ def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, 
                 name = next((body.text(v) for n, w, v in body.sub(value).fields()
                              if n == 1 and w == 2), "")
                 if name not in _GQA_ATTRIBUTES:
-                    return None
+                    return f"attribute {name or '(unnamed)'} not handled"
             kept += raw
     while inputs and not inputs[-1]:
         inputs.pop()
     while outputs and not outputs[-1]:
         outputs.pop()
-    if domain != "com.microsoft" or len(inputs) > _GQA_INPUTS or len(outputs) > _GQA_OUTPUTS:
-        return None
+    if domain != "com.microsoft":
+        return f"operator of domain {domain or 'ai.onnx'}"
+    if len(inputs) > _GQA_INPUTS or len(outputs) > _GQA_OUTPUTS:
+        return "inputs or outputs not handled (position ids, attention bias...)"
     # float caches only: the kernel is registered for float (an fp16 graph keeps ORT's)
-    if len(inputs) < 4 or input_types.get(inputs[3]) != proto.FLOAT:
-        return None
+    cache = input_types.get(inputs[3]) if len(inputs) >= 4 else None
+    if cache == proto.FLOAT16:
+        return "fp16 KV cache"
+    if cache != proto.FLOAT:
+        return "KV cache not a float32 graph input"
     node = bytearray()
     node += b"".join(proto._str(1, i) for i in inputs)
     node += b"".join(proto._str(2, o) for o in outputs)

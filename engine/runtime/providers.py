@@ -6,6 +6,7 @@ import dataclasses
 import importlib.metadata
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import psutil
 from engine import kernels
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError, RuntimeSelectionError
-from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention
+from engine.kernels import KernelUse
+from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention_moves
 from engine.model.io_spec import IOSpec
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(model_file.parent))
         library = kernels.library()
-        if library is not None:  # the graph may use the engine's kernels (own_attention)
+        if library is not None and kernels.status().ready:  # the graph may use them
             options.register_custom_ops_library(str(library))
     try:
         session = ort.InferenceSession(graph if graph is not None else str(model_file),
@@ -159,23 +161,50 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
     return session, SessionInfo(provider=short, threads=threads)
 
 
-def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str
-                 ) -> tuple[bytes | None, IOSpec]:
+def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str,
+                 attention_nodes: int) -> tuple[bytes | None, IOSpec, KernelUse]:
     """The model rewritten at load for the CPU (engine.model.graph_passes): a prefill
     computes the logits it needs only, and GroupQueryAttention runs the engine's kernel
-    (engine.kernels) where it was built; with the spec that binds the new input. (None,
-    spec) when both are off or do not apply, or when a GPU provider may run it (the new
-    input is a host tensor, untried inside a captured CUDA graph)."""
-    on_cpu = choose_providers(provider, available_providers()) == ["CPUExecutionProvider"]
-    if not on_cpu:
-        return None, spec
-    own = config.own_kernels and kernels.library() is not None
-    if not (config.prune_logits or own):
-        return None, spec
+    (engine.kernels) where it was built; with the spec that binds the new input, and what
+    became of the graph's `attention_nodes` GroupQueryAttention nodes. (None, spec, ...)
+    when both are off or do not apply, or when a GPU provider may run it (the new input is
+    a host tensor, untried inside a captured CUDA graph)."""
+    status = kernels.status()
+    names = choose_providers(provider, available_providers())
+    if names != ["CPUExecutionProvider"]:
+        short = {v: k for k, v in _PROVIDER_NAMES.items()}.get(names[0], names[0])
+        return None, spec, _kept(status, attention_nodes,
+                                 f"runs on {short}, the kernel is for the CPU")
+    own = config.own_kernels and status.ready
+    if not own:
+        why = "turned off by own_kernels=False" if not config.own_kernels \
+            else _NOT_READY[status.state]
+        use = _kept(status, attention_nodes, why)
+        if not config.prune_logits:
+            return None, spec, use
     data = model_file.read_bytes()
     graph = keep_last_logits(data, spec.logits) if config.prune_logits else None
     if graph is not None:
         spec = dataclasses.replace(spec, logits_to_keep=LOGITS_TO_KEEP)
     if own:
-        graph = own_attention(graph if graph is not None else data) or graph
-    return graph, spec
+        moved, nodes, kept = own_attention_moves(graph if graph is not None else data)
+        graph = moved or graph
+        use = KernelUse(status, nodes, nodes - sum(kept.values()), kept) if nodes or not kept \
+            else _kept(status, attention_nodes, next(iter(kept)))  # the graph was unreadable
+    return graph, spec, use
+
+
+_NOT_READY = {"off": "turned off by ONNX_GENAI_KERNELS=0", "not built": "the kernel is not built",
+              "cannot load": "the kernel cannot be loaded"}
+
+
+def log_kernel_use(model: str, use: KernelUse) -> None:
+    """The load's line on the engine's kernel: a warning where it would run but cannot (not
+    built, or not loadable: decode is slower at long prompts), else information."""
+    missing = use.kept.keys() & {_NOT_READY["not built"], _NOT_READY["cannot load"]}
+    log.log(logging.WARNING if missing else logging.INFO, "model %s: %s (%s)", model,
+            use.line(), use.status.line())
+
+
+def _kept(status: kernels.KernelStatus, nodes: int, why: str) -> KernelUse:
+    return KernelUse(status, nodes, 0, Counter({why: nodes}) if nodes else Counter())

@@ -50,6 +50,8 @@ class Chunk:
     token_id: int | None
     logprob: TokenLogprob | None
     timestamp: float
+    #: A reasoning model's thought text that became final with this event.
+    thought: str = ""
 
     @property
     def is_step(self) -> bool:
@@ -164,7 +166,7 @@ def run_generation(engine: Engine, request: GenerateRequest, cancel: threading.E
                     limit = "n_indent"
                     cancel.set()
             pieces.append(text)
-            yield Chunk(text, event.token_id, event.logprob, event.timestamp)
+            yield Chunk(text, event.token_id, event.logprob, event.timestamp, event.thought)
             if (limits.predict_ms and limits.predict_ms < _MAX_BUDGET_MS
                     and first_at is not None and limit is None and "\n" in event.text
                     and event.timestamp - first_at > limits.predict_ms / 1e3):

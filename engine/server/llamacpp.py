@@ -287,6 +287,9 @@ async def props(ctx: Ctx) -> dict[str, Any]:
             "fim_family": engine.fim_family.name if engine.fim_family else None,
             "fim_layout": fim_layout(engine.fim_family, engine.tokenizer),
             "modalities": {"vision": False, "audio": False},
+            # whether the engine's own attention kernel runs, and why not (engine.kernels)
+            "engine_kernels": None if engine.kernel_use is None
+            else engine.kernel_use.as_dict(),
             "build_info": "onnx-local-llm worker"}
 
 

@@ -186,7 +186,7 @@ def _refuse(images: Any) -> None:
 
 
 async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen: GenerateRequest,
-                  stream: bool, shape: Callable[[str], dict[str, Any]], keep: float | None,
+                  stream: bool, shape: Shape, keep: float | None,
                   priority: str = "normal", tools: ToolPlan | None = None
                   ) -> Response | dict[str, Any]:
     alive = keep_alive_of(ctx.models)
@@ -202,10 +202,10 @@ async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen:
         await alive.end(None)
         raise
     await alive.end(keep)
-    answer = shape(final.text)
+    answer = shape(final.text, final.result.thoughts)
     if tools is not None:
         content, calls = parse_chunks(tools, chunks)
-        answer = {"message": {"role": "assistant", "content": content}}
+        answer = shape(content, final.result.thoughts)
         if calls:
             answer["message"]["tool_calls"] = ollama_calls(calls)
     return {"model": model.id, "created_at": _now(), **answer, "done": True,
@@ -213,7 +213,7 @@ async def _answer(ctx: ServerContext, request: Request, model: LoadedModel, gen:
 
 
 async def _lines(first: Item, handle: Any, model: LoadedModel,
-                 shape: Callable[[str], dict[str, Any]], keep: float | None,
+                 shape: Shape, keep: float | None,
                  ctx: ServerContext, tools: ToolPlan | None = None) -> AsyncIterator[bytes]:
     ended: float | None = None
     parser = tools.parser() if tools is not None else None
@@ -223,16 +223,19 @@ async def _lines(first: Item, handle: Any, model: LoadedModel,
                 for message in ollama_messages(parser.finish()) if parser else []:
                     yield ndjson({"model": model.id, "created_at": _now(), "message": message,
                                   "done": False})
-                yield ndjson({"model": model.id, "created_at": _now(), **shape(""),
+                yield ndjson({"model": model.id, "created_at": _now(), **shape("", ""),
                               "done": True, **_stats(item)})
                 ended = keep
                 return
+            if item.thought:
+                yield ndjson({"model": model.id, "created_at": _now(),
+                              **shape("", item.thought), "done": False})
             if parser is not None:
                 for message in ollama_messages(parser.feed(item.text, item.token_id)):
                     yield ndjson({"model": model.id, "created_at": _now(), "message": message,
                                   "done": False})
             elif item.text:
-                yield ndjson({"model": model.id, "created_at": _now(), **shape(item.text),
+                yield ndjson({"model": model.id, "created_at": _now(), **shape(item.text, ""),
                               "done": False})
     except ApiError as exc:
         yield ndjson(error_body(exc, "ollama"))
@@ -270,7 +273,7 @@ async def generate(body: OllamaGenerateRequest, request: Request,
         messages.append(ChatMessage("user", body.prompt))
         gen = GenerateRequest(messages=tuple(messages), options=options)
     return await _answer(ctx, request, model, gen, body.stream,
-                         lambda text: {"response": text}, keep,
+                         _generate_shape, keep,
                          priority="high" if body.suffix else "normal")
 
 
@@ -296,14 +299,26 @@ async def chat(body: OllamaChatRequest, request: Request,
     messages = tuple(ChatMessage(m.role, m.content) for m in body.messages)
     options = ollama_options(body.options, model, body.format)
     history = ollama_history(body.messages)
+    # Ollama's ``think``: the templates of Qwen3 and its kin read ``enable_thinking``
+    think = None if body.think is None else {"enable_thinking": body.think}
     if needs_plan(body.tools, history):
         plan = plan_tools(model, body.tools, None, None, history)
         gen = GenerateRequest(messages=plan.messages, tools=plan.template_tools,
+                              chat_template_kwargs=think,
                               options=constrain(plan, options, None, "format"))
         return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep, tools=plan)
-    gen = GenerateRequest(messages=messages, options=options)
+    gen = GenerateRequest(messages=messages, options=options, chat_template_kwargs=think)
     return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep)
 
 
-def _chat_shape(text: str) -> dict[str, Any]:
-    return {"message": {"role": "assistant", "content": text}}
+#: The answer's fields from its text and a reasoning model's thoughts.
+Shape = Callable[[str, str], dict[str, Any]]
+
+
+def _chat_shape(text: str, thinking: str = "") -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {"message": {**message, "thinking": thinking} if thinking else message}
+
+
+def _generate_shape(text: str, thinking: str = "") -> dict[str, Any]:
+    return {"response": text, "thinking": thinking} if thinking else {"response": text}

@@ -66,6 +66,7 @@ from engine.server.tools import (
     template_choice,
 )
 from engine.text.fim_plain import fim_layout
+from engine.text.reasoning import describe_reasoning
 from engine.text.tokenizer import ChatMessage, Tokenizer
 from engine.text.tool_parse import CallParser
 
@@ -95,6 +96,7 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
                      "capabilities": ["completion", "chat", "tools"]
                      if engine.tokenizer.has_chat_template else ["completion"],
                      "tool_calls": capabilities(model),
+                     "reasoning": describe_reasoning(engine.tokenizer),
                      "path": str(model.path)}}
 
 
@@ -194,9 +196,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     history = openai_history(body.messages, [m.content for m in messages])
     plan = plan_tools(model, body.tools, body.tool_choice, body.parallel_tool_calls,
                       history) if needs_plan(body.tools, history) else None
-    gen = GenerateRequest(messages=messages, options=options) if plan is None else \
+    extra = body.chat_template_kwargs
+    gen = GenerateRequest(messages=messages, options=options, chat_template_kwargs=extra) \
+        if plan is None else \
         GenerateRequest(messages=plan.messages, tools=plan.template_tools,
-                        chat_template_kwargs=template_choice(plan, body.tool_choice),
+                        chat_template_kwargs={**(extra or {}),
+                                              **(template_choice(plan, body.tool_choice) or {})},
                         options=constrain(plan, options, body.tool_choice))
     handle = ctx.submit(model, gen, session=session)
     first = await first_item(handle, request, OPENAI_RENAMES)
@@ -218,6 +223,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         logprobs = {"content": [_chat_logprob(meta.tokenizer, c.logprob) for c in chunks
                                 if c.logprob is not None]}
     message: dict[str, Any] = {"role": "assistant", "content": final.text}
+    if final.result.thoughts:  # a reasoning model's, as DeepSeek's and vLLM's APIs name it
+        message["reasoning_content"] = final.result.thoughts
     finish = _FINISH[final.stop]
     if plan is not None:
         content, calls = parse_chunks(plan, chunks)
@@ -265,6 +272,9 @@ async def _chat_stream(first: Item, handle: Any, meta: _Meta, include_usage: boo
                 break
             if want_logprobs and item.logprob is not None:
                 pending.append(_chat_logprob(meta.tokenizer, item.logprob))
+            if item.thought:
+                yield chunk({"reasoning_content": item.thought}, None, pending or None)
+                pending = []
             if parser is not None:
                 deltas = openai_deltas(parser.feed(item.text, item.token_id))
             else:

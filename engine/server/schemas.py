@@ -95,6 +95,9 @@ class ChatCompletionRequest(_OpenAISampling):
     #: none, auto, required, or {"type": "function", "function": {"name": ...}}.
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    #: More variables for the chat template (as vLLM and llama.cpp's server take them),
+    #: e.g. ``{"enable_thinking": false}`` for Qwen3.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_OpenAISampling):
@@ -229,6 +232,8 @@ class OllamaChatRequest(_Body):
     format: str | dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     keep_alive: str | int | float | None = None
+    #: Whether a reasoning model thinks first (its template's ``enable_thinking``).
+    think: bool | None = None
 
 
 # --- the app's own --------------------------------------------------------------------

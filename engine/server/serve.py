@@ -28,6 +28,7 @@ import uvicorn
 
 from engine.config import EngineConfig, KVStoreConfig
 from engine.errors import EngineError
+from engine.kernels import status as kernel_status
 from engine.model.default_model import default_model_dir
 from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
@@ -132,6 +133,10 @@ def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None
                          current.id, facts.get("model"), facts.get("provider"),
                          facts.get("threads"), facts.get("context_length"),
                          facts.get("decode_path"))
+        use = current.engine.kernel_use
+        if use is not None:
+            startup_log.info("attention: %s", use.line())
+    startup_log.info("kernels: %s", kernel_status().line())
     startup_log.info("limits: queue %d, body %d bytes, batch %s, kv_max_len %s, vram %s, "
                      "host RAM %s, KV store %s; API key %s, CORS %s", config.max_queue,
                      config.max_body_bytes, engine.max_batch, engine.kv_max_len,

@@ -43,6 +43,7 @@ from engine.server.errors import ApiError
 from engine.server.generation import Chunk, Final, run_generation
 from engine.server.models import ModelManager
 from engine.server.worker import EngineWorker, Priority, WorkerStoppedError
+from engine.text.reasoning import thought_mode
 from engine.text.tokenizer import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,8 @@ def session_turn(engine: Engine, session_id: int, messages: Messages,
     if options.eos_token_ids is None:
         # token ids alone stop at EOS only: keep the chat request's end-of-turn stops
         options = replace(options, eos_token_ids=engine.stop_ids(chat))
-    return GenerateRequest(token_ids=tuple(new), options=options)
+    return GenerateRequest(token_ids=tuple(new), options=options,
+                           thoughts=thought_mode(engine.tokenizer, prompt) or "off")
 
 
 def session_job(engine_of: Callable[[], Engine], registry: SessionRegistry, name: str,

@@ -175,6 +175,11 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
 
+    @property
+    def skipped_ids(self) -> frozenset[int]:
+        """The ids whose text ``detokenizer(skip_special=True)`` drops."""
+        return self._skipped
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._tk.id_to_token(token_id)
 

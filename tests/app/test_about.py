@@ -57,3 +57,17 @@ def test_about_says_what_the_models_folder_lacks(qtbot, paths, tmp_path, monkeyp
     assert "it holds: genai_config.json." in text
     monkeypatch.setattr(about, "builtin_model_dir", lambda: tmp_path / "absent")
     assert "Not installed here" in _open_about(qtbot, paths)
+
+
+def test_about_says_whether_the_engines_kernel_is_in_use_and_why_not(qtbot, paths, tmp_path,
+                                                                     monkeypatch):
+    from engine import kernels
+
+    monkeypatch.setenv(kernels.LIBRARY_ENV, str(tmp_path / "absent.ortops"))
+    text = _open_about(qtbot, paths)
+    assert "Engine kernels: not built" in text
+    assert f"decode attention is not built: no absent.ortops in {tmp_path}" in text
+    assert "re-run the install" in text
+    monkeypatch.setenv(kernels.ENV, "0")
+    assert "Engine kernels: off — the engine kernel for decode attention is turned off: " \
+        "ONNX_GENAI_KERNELS=0" in _open_about(qtbot, paths)

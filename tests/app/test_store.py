@@ -101,3 +101,39 @@ def test_streamed_text_is_on_disk_before_the_answer_ends(tmp_path: Path):
                                    (answer.id,)).fetchone()
     assert (content, state) == ("piece0 piece1 piece2 piece3 piece4 ", "done")
 
+
+
+def test_a_reasoning_models_thoughts_are_saved_apart_from_the_answer(tmp_path: Path):
+    store = ChatStore(tmp_path / "chats.db")
+    conv = store.create_conversation("thinking")
+    answer = store.add_message(conv.id, "assistant", state="streaming")
+    writer = StreamWriter(store, answer.id, interval_s=3600, every=2)
+    writer.append_thought("Two plus ")
+    writer.append_thought("two is four.")  # the second piece writes
+    on_disk = store.message(answer.id)
+    assert on_disk is not None and on_disk.thoughts == "Two plus two is four."
+    assert on_disk.content == ""
+    writer.append("Four.")
+    writer.finish("done")
+    done = store.message(answer.id)
+    assert done is not None and (done.content, done.thoughts) == ("Four.", "Two plus two is four.")
+    markdown = store.export_markdown(conv.id)
+    assert "<summary>Thinking</summary>" in markdown and markdown.rstrip().endswith("Four.")
+    store.close()
+
+
+def test_a_file_from_before_thoughts_opens_and_keeps_its_messages(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ChatStore(path)
+    conv = store.create_conversation("old")
+    store.add_message(conv.id, "user", "hello")
+    store.close()
+    db = sqlite3.connect(path)  # what a version-2 file looks like: no thoughts column
+    db.execute("ALTER TABLE messages DROP COLUMN thoughts")
+    db.execute("PRAGMA user_version=2")
+    db.commit()
+    db.close()
+    reopened = ChatStore(path)
+    (message,) = reopened.messages(conv.id)
+    assert message.content == "hello" and message.thoughts == ""
+    reopened.close()

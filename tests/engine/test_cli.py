@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -35,6 +36,20 @@ def test_inspect_json(genai_model_dir):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["decode_path"] == "shared_buffer" and report["format"] == "genai"
+    kernels = report["engine_kernels"]  # what a load on the CPU would run for attention
+    assert kernels["attention_nodes"] == 2 and kernels["moved"] == (2 * kernels["ready"])
+
+
+def test_inspect_says_when_the_engines_kernel_is_not_built(genai_model_dir, tmp_path):
+    env = {**os.environ, "ONNX_GENAI_KERNELS_LIBRARY": str(tmp_path / "absent.ortops")}
+    proc = subprocess.run([sys.executable, "-m", "engine", "inspect", str(genai_model_dir)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "Attention (CPU): 0 of 2 GroupQueryAttention nodes run the engine kernel; ONNX " \
+        "Runtime runs the other 2: the kernel is not built" in lines
+    assert any(line.strip().startswith("the engine kernel for decode attention is not built: "
+                                       f"no absent.ortops in {tmp_path}") for line in lines)
 
 
 def test_errors_print_the_problem_and_the_fix_without_a_traceback(tmp_path, genai_model_dir):

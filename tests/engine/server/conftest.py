@@ -17,8 +17,8 @@ from tests.engine.server.live import (
     write_model,
 )
 
-# Servers keep prompt KV in the user cache dir: tests/conftest.py's session_home points it
-# (with HOME and the other XDG folders) at the session's own folder.
+# Servers keep prompt KV in the user cache dir: tests/conftest.py points it (with HOME and
+# the other XDG folders) at the test run's own folder (session_home).
 
 
 @pytest.fixture(scope="session")

@@ -175,6 +175,11 @@ def test_props_tokenize_detokenize_apply_template(server, engine: Engine):
     with server.client() as http:
         props = http.get("/props").json()
         assert props["default_generation_settings"]["n_ctx"] == engine.context_length
+        kernels = props["engine_kernels"]  # the engine's own attention kernel, or why not
+        assert kernels == engine.describe()["engine_kernels"]
+        assert kernels["attention_nodes"] == 2
+        assert kernels["moved"] == (2 if kernels["ready"] else 0)
+        assert kernels["summary"].startswith(f"{kernels['moved']} of 2 GroupQueryAttention")
         tokens = http.post("/tokenize", json={"content": "<|fim_prefix|>def f"}).json()["tokens"]
         assert tokens == engine.tokenizer.encode("<|fim_prefix|>def f", parse_special=True)
         plain = http.post("/tokenize", json={"content": "<|fim_prefix|>",

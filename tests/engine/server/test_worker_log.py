@@ -35,7 +35,7 @@ def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp
                          str(tmp_path / "token"))
     try:
         log_file = Path(ready["log_file"])
-        state = Path(os.environ["XDG_STATE_HOME"])  # the session's temporary home
+        state = Path(os.environ["XDG_STATE_HOME"])  # the test run's temporary home
         assert log_file.name == "worker.log" and log_file.is_relative_to(state)
         with httpx.Client(base_url=ready["url"], timeout=60) as http:
             named = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2},
@@ -49,12 +49,28 @@ def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp
     text = log_file.read_text(encoding="utf-8")
     assert ready["model"] in text and "provider cpu" in text and "1 threads" in text
     assert "limits: queue" in text
+    assert "kernels: the engine kernel for decode attention is" in text
     assert any("[editor-42]" in line and "POST /v1/completions 200" in line
                for line in text.splitlines())
     assert any(f"[{fresh}]" in line and "GET /v1/models 200" in line
                for line in text.splitlines())
     # stderr: the start-up facts, not the requests (that is --access-log's job)
     assert "provider cpu" in stderr and "/v1/completions" not in stderr
+
+
+def test_the_start_up_lines_say_the_kernel_is_not_built_and_what_runs(model_dir: Path,
+                                                                       tmp_path: Path):
+    """A worker on an install without the engine's kernel says so on stderr at start, with
+    the fix, and how many attention nodes keep ONNX Runtime's kernel."""
+    env = {**os.environ, "ONNX_GENAI_KERNELS_LIBRARY": str(tmp_path / "absent.ortops")}
+    proc, _ = _start("--model", str(model_dir), "--admin-token-file", str(tmp_path / "token"),
+                     "--no-log-file", env=env)
+    stderr = _stop(proc)
+    assert "attention: 0 of 2 GroupQueryAttention nodes run the engine kernel; ONNX " \
+        "Runtime runs the other 2: the kernel is not built" in stderr
+    assert "kernels: the engine kernel for decode attention is not built: no absent.ortops " \
+        f"in {tmp_path}" in stderr
+    assert "re-run the install" in stderr
 
 
 def test_access_log_and_no_log_file(model_dir: Path, tmp_path: Path):
