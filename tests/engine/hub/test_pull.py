@@ -180,3 +180,16 @@ def test_a_cancelled_pull_leaves_no_model_and_the_next_one_continues(hub, tmp_pa
     ranges = _whole_file_gets(hub, "Q4_K_M.gguf")
     assert ranges[0] is None and ranges[-1] is not None  # the second asked for the rest
     assert [p.name for p in tmp_path.iterdir()] == [result.folder.name]
+
+
+def test_an_onnx_repo_is_taken_as_it_is(tmp_path):
+    from tests.engine.hub.repos import ONNX_REPO, onnx_repo
+    from tests.forge import ForgeSpec
+
+    with HubStandin({ONNX_REPO: onnx_repo(tmp_path / "repo", ForgeSpec())}) as standin:
+        result = pull(ONNX_REPO, tmp_path / "models", endpoint=standin.url,
+                      progress=lambda e: None)
+    assert result.variant.format == "onnx" and result.folder.name == "tiny-onnx"
+    assert "(fits)" in result.summary
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny-onnx"]
+    _answer(result.folder)
