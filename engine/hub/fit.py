@@ -17,6 +17,8 @@ and its quantization (:data:`IMPORT_FACTORS`).
 
 Expected decode speed: read bandwidth (measured once, :mod:`engine.hub.bandwidth`) over
 the bytes a step reads: the weights and the KV of a :data:`SPEED_CONTEXT`-token context.
+It is a ceiling: small and int4 models spend part of a step computing rather than reading
+(``python -m bench.fit_speed`` sets it beside the measured speed).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class Fit:
         if self.kv_tokens is not None and self.label != TOO_BIG:
             parts.append(f"room for {self.kv_tokens} tokens of KV")
         if self.tokens_per_second:
-            parts.append(f"about {self.tokens_per_second:.1f} tokens/s expected here")
+            parts.append(f"decode up to about {self.tokens_per_second:.1f} tokens/s here (the "
+                         "read bandwidth over the bytes a step reads)")
         text = "; ".join(parts)
         return f"{text}. {self.refusal}" if self.refusal else text
 
