@@ -1,4 +1,5 @@
-"""Command line: `python -m engine generate | inspect | serve | import-gguf`."""
+"""Command line: `python -m engine generate | inspect | serve | import-gguf | catalog |
+pull`."""
 
 from __future__ import annotations
 
@@ -120,6 +121,10 @@ def _build_parser() -> argparse.ArgumentParser:
                      "about 0.75x the decode speed) (default int8)")
     imp.add_argument("--quiet", action="store_true", help="no progress lines (default: print "
                      "them to stderr)")
+
+    from engine.hub.cli import add_arguments as add_hub_commands
+
+    add_hub_commands(sub)
 
     from engine.server.cli import add_arguments
 
@@ -296,8 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     parser = _build_parser()
     args = parser.parse_args(argv)
+    from engine.hub import cli as hub_cli
+
     commands = {"generate": _generate, "inspect": _inspect, "serve": _serve,
-                "import-gguf": _import_gguf}
+                "import-gguf": _import_gguf, "catalog": hub_cli.catalog,
+                "pull": hub_cli.pull}
     try:
         return commands[args.command](args)
     except EngineError as exc:

@@ -43,7 +43,7 @@ EXCLUDES = (
     "tkinter", "_tkinter", "turtle", "idlelib", "pydoc_data",
     "pytest", "_pytest", "pytestqt", "schemathesis", "hypothesis", "openai",
     "mypy", "ruff", "setuptools", "pkg_resources", "distutils", "pip",
-    "hf_xet",  # Xet transfers: app/download.py streams files over plain HTTPS
+    "hf_xet",  # Xet transfers: engine/hub/download.py streams files over plain HTTPS
     # huggingface_hub's command line and its terminal UI (the library needs neither)
     "huggingface_hub.cli", "huggingface_hub.inference._mcp", "rich", "pygments",
     "markdown_it", "typer",

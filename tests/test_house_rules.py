@@ -135,9 +135,10 @@ def test_the_engine_keeps_its_folders():
 
 
 def test_the_app_imports_only_the_engines_public_surface():
-    """The app uses ``engine`` (the package root: engine/__init__.py) and ``engine.api``,
-    nothing else; the rest it learns from the worker over HTTP."""
-    public = {"engine", "engine.api"}
+    """The app uses ``engine`` (the package root: engine/__init__.py), ``engine.api`` and
+    ``engine.hub`` (downloads and the catalog, shared with the worker), nothing else; the
+    rest it learns from the worker over HTTP."""
+    public = {"engine", "engine.api", "engine.hub"}
     files = sorted((ROOT / "app").rglob("*.py"))
     known = _engine_graph().keys() | {"engine"}
     reached = {str(p.relative_to(ROOT)): sorted(_imports(p, set(known)) - public)

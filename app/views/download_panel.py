@@ -1,8 +1,9 @@
 """The Models view's download form: a Hugging Face repo id (and an optional subfolder), a
 progress bar in bytes, Cancel, and a resume by pressing Download again.
 
-The download runs on its own thread (:class:`app.download.DownloadJob`); the hub endpoint
-is the ``library/hf_endpoint`` setting, else ``$HF_ENDPOINT``, else huggingface.co.
+The download runs on its own thread (:class:`app.download.DownloadJob`, running
+:class:`engine.hub.Transfer`); the hub endpoint is the ``library/hf_endpoint`` setting,
+else ``$HF_ENDPOINT``, else huggingface.co.
 """
 
 from __future__ import annotations

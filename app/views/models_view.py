@@ -1,5 +1,6 @@
 """Models: the library (folders the user added, the Hugging Face and Foundry Local caches,
-the app's downloads), what each model is, and load / unload / remove / download.
+the app's downloads), what each model is, and load / unload / remove / download; the
+Catalog tab (:class:`app.views.catalog_panel.CatalogPanel`) gets curated models.
 
 Scans run on a pool thread (:class:`app.library.ScanTask`); the worker is told about new
 folders (``PUT /v1/library/roots``, admin) and loads by absolute path
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QStyle,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -42,6 +44,7 @@ from app.library import (
     human_size,
     library_roots,
 )
+from app.views.catalog_panel import CatalogPanel
 from app.views.download_panel import DownloadPanel
 from app.views.gauge_bar import plural
 from app.views.gguf_panel import GGUFPanel
@@ -145,7 +148,13 @@ class ModelsView(QWidget):
         split.addWidget(self.table)
         split.addWidget(self.details)
         split.setStretchFactor(0, 3)
-        layout = QVBoxLayout(self)
+        self.catalog = CatalogPanel(self.ctx, self)
+        self.catalog.pulled.connect(self._on_downloaded)
+        self.tabs, library = named(QTabWidget(), "models_tabs"), QWidget()
+        self.tabs.addTab(library, "Library")
+        self.tabs.addTab(self.catalog, "Catalog")
+        QVBoxLayout(self).addWidget(self.tabs)
+        layout = QVBoxLayout(library)
         layout.addLayout(folder_row)
         layout.addWidget(self.roots)
         layout.addLayout(model_row)

@@ -46,7 +46,7 @@ __all__ = [
     "AutoPolicy", "Breakdown", "Budget", "Governor", "GovernorLimits", "GovernorSnapshot",
     "Limit", "LimitChange", "LimitOutcome", "ResolvedLimit", "Tier", "TierSnapshot",
     "auto_limit", "compute_budget", "cuda_provider_options", "explain_no_room",
-    "format_bytes", "parse_limit", "tier_name",
+    "format_bytes", "governor_for", "make_governor", "parse_limit", "tier_name",
 ]
 
 @dataclass(frozen=True)
@@ -393,10 +393,11 @@ class Governor:
         return ResourceLimitError(self.explain_no_room(tier, needed))
 
 
-def make_governor(config: EngineConfig, provider: str, page_bytes: int,
-                  weights_bytes: int) -> Governor:
-    """The governor of an engine on ``provider``: its limits from ``config``, the model's
-    weights reported, refused at once when the weights alone do not fit."""
+def governor_for(config: EngineConfig, provider: str, page_bytes: int,
+                 weights_bytes: int) -> Governor:
+    """The governor an engine on ``provider`` would have: its limits from ``config``, the
+    model's weights reported. Its ``budget()`` is what a load is judged by (the catalog's
+    fit labels ask the same question before a download)."""
     gpu = provider in ("cuda", "directml")
     spill = config.kv_store.disk_dir if config.kv_store else None
     governor = Governor(
@@ -406,6 +407,14 @@ def make_governor(config: EngineConfig, provider: str, page_bytes: int,
         runtime_override=config.runtime_override, kv_tier="vram" if gpu else "host_ram")
     governor.set_kv_geometry(page_bytes, config.kv_page_size)
     governor.report(governor.kv_tier, weights_bytes=weights_bytes)
+    return governor
+
+
+def make_governor(config: EngineConfig, provider: str, page_bytes: int,
+                  weights_bytes: int) -> Governor:
+    """The governor of an engine on ``provider`` (:func:`governor_for`), refused at once
+    when the weights alone do not fit."""
+    governor = governor_for(config, provider, page_bytes, weights_bytes)
     budget = governor.budget()
     if budget is not None and budget.refusal:
         raise ResourceLimitError(budget.refusal, hint="raise the memory limit or use a "

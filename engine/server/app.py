@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.server import admin, llamacpp, ollama, openai, resources
+from engine.server import admin, llamacpp, ollama, openai, pull, resources
 from engine.server.bodies import JsonBodyMiddleware
 from engine.server.config import ServerConfig
 from engine.server.errors import CompactJSONResponse, install_handlers
@@ -112,7 +112,7 @@ def create_app(config: ServerConfig, ctx: ServerContext | None = None) -> FastAP
     app.state.ctx = ctx
     install_handlers(app)
     for router in (admin.router, resources.router, openai.router, llamacpp.router,
-                   ollama.router):
+                   ollama.router, pull.router):
         app.include_router(router, responses=_ERRORS)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),

@@ -385,3 +385,10 @@ class LimitsRequest(_Text):
     vram: LimitValue | None = None
     host_ram: LimitValue | None = None
     disk: LimitValue | None = None
+
+
+class OllamaPullRequest(_Body):
+    model: str = ""
+    name: str = ""
+    insecure: bool = False
+    stream: bool = True

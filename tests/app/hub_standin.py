@@ -10,6 +10,8 @@ repository, with the hub's headers and error codes:
   ``siblings``);
 - ``GET /api/models/{owner}/{name}/tree/{rev}[/{path}]?recursive=``: the listing, each
   file with ``size``, git ``oid`` and, for large (LFS) files, ``lfs.oid`` = sha256;
+- ``GET /api/models?search=&filter=``: the repositories whose id holds the search text and
+  whose files carry the filter (``gguf``: a .gguf file, ``onnx``: an .onnx file);
 - ``HEAD|GET /{owner}/{name}/resolve/{rev}/{path}``: the bytes, with ``Range`` (206 and
   ``Content-Range``), ``ETag`` (``X-Linked-Etag`` = sha256 for LFS files),
   ``X-Repo-Commit``, ``X-Linked-Size``, ``Accept-Ranges``;
@@ -17,6 +19,11 @@ repository, with the hub's headers and error codes:
 
 ``delay_s`` slows bodies (a pause after every ``chunk`` bytes) so a test can cancel in the
 middle of a file; every request is logged with its ``Range`` header.
+
+Faults a test can set: ``drop_after[suffix] = n`` ends the connection once after ``n``
+bytes of a file whose path ends with ``suffix`` (the next request is served whole);
+``corrupt`` (a set of suffixes) flips a byte of such files as they are sent (the listing
+keeps the true hashes).
 """
 
 from __future__ import annotations
@@ -101,6 +108,8 @@ class HubStandin:
         self.chunk = chunk
         self.delay_s = delay_s
         self.requests: list[Logged] = []
+        self.drop_after: dict[str, int] = {}
+        self.corrupt: set[str] = set()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -168,7 +177,22 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
             return False
 
+        def _search(self, query: dict[str, list[str]]) -> None:
+            text = query.get("search", [""])[0].lower()
+            wanted = set(query.get("filter", []))
+            found = []
+            for repo_id, repo in hub.repos.items():
+                tags = {suffix for suffix in ("gguf", "onnx")
+                        if any(p.endswith("." + suffix) for p in repo.files)}
+                if text in repo_id.lower() and wanted <= tags:
+                    found.append({"id": repo_id, "modelId": repo_id, "tags": sorted(tags),
+                                  "downloads": 0, "pipeline_tag": "text-generation"})
+            self._json(found)
+
         def _api(self, rest: list[str], query: dict[str, list[str]]) -> None:
+            if not rest:
+                self._search(query)
+                return
             if len(rest) < 2:
                 self._error(404, "NotFound", "no such route")
                 return
@@ -203,7 +227,7 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "EntryNotFound", "Entry not found")
                 return
             start, status = 0, 200
-            match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+            match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
             if match:
                 start, status = int(match.group(1)), 206
                 if start >= f.size:
@@ -225,14 +249,31 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{f.size - 1}/{f.size}")
             self.end_headers()
             if body:
-                self._send_bytes(f.local, start)
+                self._send_bytes(f, start)
 
-        def _send_bytes(self, local: Path, start: int) -> None:
-            with local.open("rb") as src:
+        def _send_bytes(self, f: HubFile, start: int) -> None:
+            drop = next((n for suffix, n in hub.drop_after.items()
+                         if f.path.endswith(suffix)), None)
+            if drop is not None:
+                hub.drop_after = {k: v for k, v in hub.drop_after.items()
+                                  if not f.path.endswith(k)}
+            flip = any(f.path.endswith(suffix) for suffix in hub.corrupt)
+            sent = start
+            with f.local.open("rb") as src:
                 src.seek(start)
                 while block := src.read(hub.chunk):
+                    if flip and sent <= f.size // 2 < sent + len(block):
+                        at = f.size // 2 - sent
+                        block = block[:at] + bytes([block[at] ^ 0xFF]) + block[at + 1:]
+                    if drop is not None and sent + len(block) > drop:
+                        self.wfile.write(block[:max(0, drop - sent)])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
                     self.wfile.write(block)
                     self.wfile.flush()
+                    sent += len(block)
                     if hub.delay_s:
                         time.sleep(hub.delay_s)
 

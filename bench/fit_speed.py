@@ -1,0 +1,69 @@
+"""Expected against measured decode speed: the catalog's figure (read bandwidth measured
+once on this machine over the bytes a decode step reads, engine/hub/fit.py) beside what the
+engine then does, for model folders given on the command line.
+
+    python -m bench.fit_speed resources/models/smollm2-135m-instruct [FOLDER ...] [--forged]
+
+Each folder: its weights (the files), its KV shape (``inspect``), the expected tokens/s, and
+the median decode tokens/s of three greedy 128-token generations (threads: the engine's
+default). ``--forged`` adds two fp32 decoders forged in code (tests/forge) of other shapes:
+8 layers of 512 and 4 layers of 1024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+from engine.hub.bandwidth import measure
+from engine.hub.fit import assess
+from engine.hub.remote import ModelShape
+from engine.model.describe import inspect_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.fit_speed")
+    parser.add_argument("folders", nargs="*")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--forged", action="store_true",
+                        help="also two fp32 decoders forged in code")
+    args = parser.parse_args()
+    folders = list(args.folders)
+    if args.forged:
+        from tests.forge import ForgeSpec, write_genai_model
+
+        root = Path(tempfile.mkdtemp(prefix="fit-speed-"))
+        for hidden, layers, ffn in ((512, 8, 1536), (1024, 4, 4096)):
+            spec = ForgeSpec(context=1024, hidden=hidden, layers=layers, intermediate=ffn,
+                             heads=8, kv_heads=2, vocab=8192)
+            folders.append(str(write_genai_model(root / f"forged-{hidden}x{layers}", spec,
+                                                 tokenizer_vocab=512)))
+    bandwidth = measure()
+    print(f"{time.strftime('%Y-%m-%d')}  read bandwidth {bandwidth / 1e9:.2f} GB/s")
+    print(f"{'model':40} {'weights':>10} {'expected':>9} {'measured':>9} {'ratio':>6}")
+    for folder in folders:
+        report = inspect_model(folder)
+        kv = report["kv"]
+        shape = ModelShape(kv["layers"], kv["kv_heads"], kv["head_dim"],
+                           report["context_length"], kv["bytes_per_token"]
+                           // (2 * kv["layers"] * kv["kv_heads"] * kv["head_dim"]))
+        fit = assess(report["weights_bytes"], shape, EngineConfig(), bandwidth=bandwidth)
+        engine = Engine.load(folder, EngineConfig())
+        speeds = []
+        for seed in range(3):
+            result = engine.generate(GenerateRequest(
+                prompt=f"Write a story number {seed}.", options=GenerateOptions(
+                    max_new_tokens=args.tokens, temperature=0.0, stop_on_eos=False)))
+            speeds.append(result.timings.decode_tok_s)
+        measured = statistics.median(speeds)
+        expected = fit.tokens_per_second or 0.0
+        print(f"{folder[-40:]:40} {report['weights_bytes'] / 2**20:9.1f}M {expected:9.1f} "
+              f"{measured:9.1f} {measured / expected if expected else 0:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

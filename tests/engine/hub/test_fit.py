@@ -1,0 +1,116 @@
+"""The fit label says what the governor then does: a tiny ONNX model (built in code) served
+by the Hub stand-in is labelled from the Hub's file sizes and its genai_config.json, then
+loaded under the same RAM limit; one limit per label."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import Engine, EngineConfig
+from engine.errors import ResourceLimitError
+from engine.hub.bandwidth import read_bandwidth
+from engine.hub.browse import variants
+from engine.hub.fit import FITS, SHORTER, TOO_BIG, import_factor
+from engine.memory.limits import format_bytes
+from engine.model.gguf import import_gguf
+from engine.model.model_dir import load_model_dir
+from tests.app.hub_standin import HubStandin
+from tests.engine.hub.repos import GGUF_REPO, ONNX_REPO, gguf_repo, onnx_repo
+from tests.forge import ForgeSpec
+
+MIB = 1024 * 1024
+# 4 layers x 8 KV heads x 64 x float32 x (K, V): 16 KiB of KV a token, 32 MiB for the
+# 2048-token context; a 8192-token vocabulary makes about 8.6 MiB of weights
+SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context=2048,
+                 vocab=8192)
+PAGE = 32 * 16 * 1024  # the default 32-token page
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = onnx_repo(tmp_path_factory.mktemp("onnx"), SPEC)
+    with HubStandin({ONNX_REPO: folder}) as hub:
+        yield hub, folder
+
+
+def _label(hub, limit: str):
+    [variant] = variants(ONNX_REPO, endpoint=hub.url,
+                         config=EngineConfig(host_ram_limit=limit, provider="cpu"))
+    return variant.fit
+
+
+def _limit(weights: int, extra: int) -> str:
+    return f"{weights + extra}"
+
+
+def test_each_label_agrees_with_what_the_governor_does_at_load(served):
+    hub, folder = served
+    weights = _label(hub, "auto").weights_bytes
+    actual = load_model_dir(folder).weights_bytes
+    assert abs(weights - actual) < 64 * 1024  # the files' sizes: weights and the graph
+
+    # fits: the whole context's KV (32 MiB) and a little more
+    fit = _label(hub, _limit(weights, 40 * MIB))
+    assert fit.text == FITS and fit.kv_bytes_per_token == 16 * 1024 and fit.context == 2048
+    engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 40 * MIB),
+                                              intra_op_threads=1))
+    budget = engine.governor.budget()
+    assert budget is not None and budget.refusal is None
+    assert budget.kv_tokens is not None and budget.kv_tokens >= engine.context_length
+
+    # fits with a shorter context: 10.5 MiB of KV room -> 20 pages of 32 tokens = 640
+    short = _label(hub, _limit(weights, 10 * MIB + PAGE // 2))
+    assert short.label == SHORTER
+    assert short.text == f"fits with a shorter context ({short.kv_tokens} tokens)"
+    engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 10 * MIB
+                                                                     + PAGE // 2),
+                                              intra_op_threads=1))
+    budget = engine.governor.budget()
+    assert budget is not None and budget.refusal is None
+    assert budget.kv_tokens == short.kv_tokens == 640 < engine.context_length
+
+    # too big: the weights alone are over the limit, and the governor refuses with the
+    # same figures
+    big = _label(hub, "4MiB")
+    assert big.label == TOO_BIG and big.refusal is not None
+    with pytest.raises(ResourceLimitError) as err:
+        Engine.load(folder, EngineConfig(host_ram_limit="4MiB", intra_op_threads=1))
+    for figure in ("under the host RAM limit of 4MiB", format_bytes(PAGE),
+                   "raise --host-ram-limit to at least"):
+        assert figure in big.refusal and figure in str(err.value)
+    assert "4MiB" in big.details() and big.text == "too big"
+
+
+def test_a_context_set_shorter_in_the_configuration_is_the_one_judged(served):
+    hub, _folder = served
+    weights = _label(hub, "auto").weights_bytes
+    fit = variants(ONNX_REPO, endpoint=hub.url, config=EngineConfig(
+        host_ram_limit=_limit(weights, 10 * MIB + PAGE // 2), kv_max_len=512,
+        provider="cpu"))[0].fit
+    assert fit.label == FITS and fit.context == 512
+
+
+def test_gguf_weights_after_import_are_estimated_within_a_tenth(tmp_path):
+    folder = gguf_repo(tmp_path)
+    with HubStandin({GGUF_REPO: folder}) as hub:
+        found = variants(GGUF_REPO, endpoint=hub.url)
+    for v in found:
+        imported = import_gguf(folder / v.path, tmp_path / v.quant)
+        actual = load_model_dir(imported.out_dir).weights_bytes
+        assert abs(v.fit.weights_bytes - actual) / actual < 0.10, (v.quant, actual)
+        assert v.fit.weights_bytes == int(v.download_bytes * import_factor(v.quant))
+
+
+def test_read_bandwidth_is_measured_once_and_cached(tmp_path):
+    cache = tmp_path / "bandwidth.json"
+    first = read_bandwidth(cache)
+    assert first > 1e8  # more than 100 MB/s on any machine
+    saved = json.loads(cache.read_text())
+    saved["bytes_per_second"] = 12345.0
+    cache.write_text(json.dumps(saved))
+    assert read_bandwidth(cache) == 12345.0  # not measured again
+    saved["machine"] = "another machine"
+    cache.write_text(json.dumps(saved))
+    assert read_bandwidth(cache) != 12345.0  # another machine: measured
