@@ -7,6 +7,7 @@ prefixes from the prefix cache or its session's pages, and prefills only the res
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,7 +36,13 @@ from engine.kv.sessions import Session, SessionStore
 from engine.kv.tiers import KVTiers, model_identity
 from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
 from engine.memory.limits import parse_limit
-from engine.memory.pressure import apply_limit, ensure_room, make_room, page_admitter
+from engine.memory.pressure import (
+    apply_limit,
+    ensure_room,
+    grow_reservation,
+    page_admitter,
+    reservation,
+)
 from engine.model.io_spec import IOSpec, resolve_io
 from engine.model.model_dir import ModelDir, load_model_dir
 from engine.runtime.cuda_graph import (
@@ -229,25 +236,9 @@ class Engine:
         return min(self.max_total(options), prompt_len + options.max_new_tokens)
 
     def request_reservation(self, prompt_len: int, options: GenerateOptions) -> int:
-        """The tokens a request's KV gets when it starts. An answer bounded by its
-        max_new_tokens gets them all (it fits whole, or it is refused with the numbers
-        before it starts). One bounded by the context alone (a request without max_tokens)
-        gets its prompt and ``kv_reserve_ahead`` tokens, and the rest as it grows, while the
-        memory limit allows (`grow_reservation`): reserving the whole context for every such
-        request would hold memory for answers that are mostly short."""
-        total = self.request_total(prompt_len, options)
-        if total < self.max_total(options):
-            return total
-        return min(total, prompt_len + self.config.kv_reserve_ahead)
-
-    def grow_reservation(self, runner: DecodeRunner, total: int) -> bool:
-        """Room for `total` tokens on `runner` within the memory limit (idle KV is freed
-        first, running requests are not touched); False when the limit refuses."""
-        if not make_room(self, self.active_scheduler, runner, total):
-            return False
-        runner.reserve(total)
-        self._report_kv()
-        return True
+        """The tokens a request's KV gets when it starts (`engine.memory.pressure.reservation`)."""
+        return reservation(self.request_total(prompt_len, options), self.max_total(options),
+                           prompt_len, self.config.kv_reserve_ahead)
 
     def fim_request(
         self, prefix: str, suffix: str, options: GenerateOptions | None = None, *,
@@ -324,7 +315,8 @@ class Engine:
                          eos=self.stop_ids(request), max_total=self.max_total(request.options),
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started, reserve=total,
-                         grow=self.grow_reservation, grow_step=self.config.kv_grow_tokens)
+                         grow=functools.partial(grow_reservation, self),
+                         grow_step=self.config.kv_grow_tokens)
         self._report_kv()  # the runner reserved its KV: the budget sees it now
         if self._huge_pages is not None:  # the collapse pauses while requests run
             self._huge_pages.begin()

@@ -139,6 +139,26 @@ def ensure_room(engine: EngineCore, runner: DecodeRunner, total: int) -> None:
         raise engine.governor.no_room_error(tier, runner.growth_bytes(total))
 
 
+def reservation(total: int, max_total: int, prompt_len: int, ahead: int) -> int:
+    """The tokens a request's KV gets when it starts, of the ``total`` it may reach. An
+    answer bounded by its max_new_tokens gets them all (it fits whole, or it is refused
+    with the numbers before it starts). One bounded by the context alone (``total`` is
+    ``max_total``: a request without max_tokens) gets its prompt and ``ahead`` tokens, and
+    the rest as it grows while the memory limit allows (`grow_reservation`): reserving the
+    whole context for every such request would hold memory for answers mostly short."""
+    return total if total < max_total else min(total, prompt_len + ahead)
+
+
+def grow_reservation(engine: EngineCore, runner: DecodeRunner, total: int) -> bool:
+    """Room for `total` tokens on `runner` within the memory limit (idle KV is freed
+    first, running requests are not touched); False when the limit refuses."""
+    if not make_room(engine, engine.active_scheduler, runner, total):
+        return False
+    runner.reserve(total)
+    report_kv(engine)
+    return True
+
+
 def fit_buffers(engine: EngineCore, scheduler: Preemptor | None) -> None:
     """Drop idle runners' live slots and fit shared KV buffers to what running requests
     reserved (so they never have to grow unchecked). Without a scheduler (a direct
