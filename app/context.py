@@ -56,7 +56,8 @@ class AppContext(QObject):
                              api_key=s.api_key or None, threads=s.threads,
                              threads_stay_awake=s.threads_stay_awake,
                              host_ram_limit=s.host_ram_limit, vram_limit=s.vram_limit,
-                             admin_token_file=str(self.paths.admin_token_file))
+                             admin_token_file=str(self.paths.admin_token_file),
+                             presets=str(self.paths.config_dir / "presets.json"))
 
     def start_local(self, model: str | None) -> WorkerProcess:
         """Start (or restart) the local worker with ``model`` loaded."""

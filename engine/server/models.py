@@ -16,13 +16,14 @@ import gc
 import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.folders import FORMATS, find_model_dirs, folder_format
+from engine.model.sampling_defaults import ModelSampling, model_sampling
 from engine.server.errors import ApiError
 from engine.server.worker import EngineWorker
 from engine.text.fim import FimFamily
@@ -76,6 +77,8 @@ class LoadedModel:
     engine: Engine
     path: Path
     loaded_at: float
+    #: What the model recommends for the sampling fields a request leaves out.
+    sampling: ModelSampling = field(default_factory=ModelSampling)
 
     @property
     def family(self) -> str:
@@ -114,8 +117,10 @@ class ModelManager:
     engines are built and dropped on the engine thread."""
 
     def __init__(self, worker: EngineWorker, roots: Sequence[Path], config: EngineConfig,
-                 trusted: Path | None = None) -> None:
+                 trusted: Path | None = None, presets: Path | None = None) -> None:
         self._worker = worker
+        #: The user's sampling presets (``presets.json``), read again at every load.
+        self.presets = presets
         self.roots = tuple(Path(r).expanduser().resolve() for r in roots)
         self._config = config
         self._trusted = trusted.expanduser().resolve() if trusted is not None else None
@@ -213,8 +218,7 @@ class ModelManager:
     def load_now(self, path: Path) -> LoadedModel:
         """Load synchronously (at start-up, before the engine thread serves requests)."""
         engine = Engine.load(path, self._config)
-        model = LoadedModel(model_id(engine.model.name, engine.fim_family), engine,
-                            engine.model.path, time.time())
+        model = self._served(engine)
         self.current, self.state = model, "ready"
         if self._trusted is not None and model.path.resolve() == self._trusted:
             self._trusted_names.add(_norm(model.id))
@@ -242,11 +246,15 @@ class ModelManager:
         except BaseException:
             self.state, self.loading = "empty", None
             raise
-        engine = engines[0]
-        model = LoadedModel(model_id(engine.model.name, engine.fim_family), engine,
-                            engine.model.path, time.time())
+        model = self._served(engines[0])
         self.current, self.state, self.loading = model, "ready", None
         return model
+
+    def _served(self, engine: Engine) -> LoadedModel:
+        name = model_id(engine.model.name, engine.fim_family)
+        path = engine.model.path
+        sampling = model_sampling(path, (name, path.name, engine.model.name), self.presets)
+        return LoadedModel(name, engine, path, time.time(), sampling)
 
     async def unload(self) -> str | None:
         if self.state == "loading":

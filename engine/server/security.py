@@ -70,6 +70,11 @@ def default_admin_token_file() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME)) / "admin-token"
 
 
+def default_presets_file() -> Path:
+    """The user's sampling presets, beside the admin token."""
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "presets.json"
+
+
 def ensure_admin_token(path: Path | None) -> tuple[str, Path]:
     """Read the admin token from ``path`` (default: the user config dir), creating the file
     with a fresh token and mode 0600 when it does not exist."""
