@@ -177,6 +177,12 @@ class WorkerProcess(QObject):
         """The model a restarted worker loads (the one the user loaded last)."""
         self.options = WorkerOptions(**{**self.options.__dict__, "model": model})
 
+    def set_limit(self, tier: str, value: str) -> None:
+        """The memory limit a restarted worker starts with (the one the user set last)."""
+        name = {"host_ram": "host_ram_limit", "vram": "vram_limit"}.get(tier)
+        if name is not None:
+            self.options = WorkerOptions(**{**self.options.__dict__, name: value})
+
     def _launch(self) -> None:
         program, args = command_for(self.options)
         proc = QProcess(self)

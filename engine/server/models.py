@@ -127,6 +127,9 @@ class ModelManager:
         self._trusted_names: set[str] = set()
         if self._trusted is not None:
             self._trusted_names = {_norm(self._trusted.name), _norm(str(self._trusted))}
+        #: Limits set while running (``PUT /v1/limits``): the user's, applied again after
+        #: every model load, as a text ``parse_limit`` accepts, by tier.
+        self.limits: dict[str, str] = {}
         self.current: LoadedModel | None = None
         self.state: ModelState = "empty"
         self.loading: str | None = None
@@ -232,13 +235,16 @@ class ModelManager:
         path = self.resolve(name)
         previous = [self.current] if self.current is not None else []
         self.current, self.state, self.loading = None, "loading", name
-        config = self._config
+        config, limits = self._config, dict(self.limits)
 
         def job(cancel: Any) -> Iterator[Engine]:
             while previous:  # close the old engine and drop the last reference held here
                 previous.pop().engine.close()
             gc.collect()  # the old engine's buffers go before the new ones arrive
-            yield Engine.load(path, config)
+            engine = Engine.load(path, config)
+            for tier, value in limits.items():  # the limits set since start stay set
+                engine.set_limit(tier, value)
+            yield engine
 
         try:
             handle = self._worker.submit(job, "high", exclusive=True)

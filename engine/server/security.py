@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "onnx-local-llm"
 ADMIN_PATHS = frozenset({"/v1/models/load", "/v1/models/unload", "/v1/library",
-                         "/v1/library/roots", "/v1/limits"})
+                         "/v1/library/roots", "/v1/limits", "/v1/kv/free"})
 PUBLIC_PATHS = frozenset({"/health"})
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
