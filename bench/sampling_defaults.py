@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bare requests ({PROMPT!r}; no sampling field), {when}, "
           f"{platform.machine()}, python -m bench.sampling_defaults\n")
     _print(rows)
+    print("\n/infill on a model without FIM tokens: top-k, top-p and min-p go to its "
+          "line-start sampler (engine.text.fim_sampler), so the engine's own options show "
+          "0 / 1 / 0 there.")
     return 0
 
 
