@@ -37,6 +37,7 @@ def recommending_worker(models_root: Path, tmp_path: Path):
 def test_a_new_chat_starts_from_the_models_recommended_sampling(qtbot, paths,
                                                                 recommending_worker):
     for ctx in connected(qtbot, paths, recommending_worker):
+        assert ctx.model is not None
         sampling = ctx.model["meta"]["sampling"]
         assert sampling["temperature"] == {"value": 0.35, "source": "generation_config.json"}
         ctx.store = ChatStore(paths.chats_db)
