@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.memory.trim import trim_heap
 from engine.model.folders import FORMATS, find_model_dirs, folder_format
 from engine.model.sampling_defaults import ModelSampling, model_sampling
 from engine.server.errors import ApiError
@@ -241,6 +242,7 @@ class ModelManager:
             while previous:  # close the old engine and drop the last reference held here
                 previous.pop().engine.close()
             gc.collect()  # the old engine's buffers go before the new ones arrive
+            trim_heap()  # and leave the process: the next model's figures start clean
             engine = Engine.load(path, config)
             for tier, value in limits.items():  # the limits set since start stay set
                 engine.set_limit(tier, value)
@@ -272,6 +274,7 @@ class ModelManager:
         def job(cancel: Any) -> Iterator[None]:
             model.engine.close()
             gc.collect()
+            trim_heap()
             yield None
 
         await asyncio.shield(self._drain(self._worker.submit(job, "high", exclusive=True)))
