@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from engine.server.worker import EngineWorker
 from engine.text.fim import FimFamily
 
 ModelState = Literal["empty", "loading", "ready"]
+log = logging.getLogger("engine.server")
 
 #: Words an editor looks for in a model name, and the tag added when a folder lacks them.
 _FAMILY_WORDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -262,6 +264,8 @@ class ModelManager:
         name = model_id(engine.model.name, engine.fim_family)
         path = engine.model.path
         sampling = model_sampling(path, (name, path.name, engine.model.name), self.presets)
+        for problem in sampling.problems:  # the rest of the preset still applies
+            log.warning("sampling preset: %s", problem)
         return LoadedModel(name, engine, path, time.time(), sampling)
 
     async def unload(self) -> str | None:
