@@ -56,7 +56,15 @@ class AppContext(QObject):
                              api_key=s.api_key or None, threads=s.threads,
                              threads_stay_awake=s.threads_stay_awake,
                              host_ram_limit=s.host_ram_limit, vram_limit=s.vram_limit,
-                             admin_token_file=str(self.paths.admin_token_file))
+                             admin_token_file=str(self.paths.admin_token_file),
+                             presets=str(self.paths.config_dir / "presets.json"))
+
+    def remember_limit(self, tier: str, value: str) -> None:
+        """The user's memory limit for ``tier``: saved, and given to every worker started
+        from now on (the running one applies it to every model it loads)."""
+        self.settings.set_value(f"limits/{tier}", value)
+        if self.worker is not None:
+            self.worker.set_limit(tier, value)
 
     def start_local(self, model: str | None) -> WorkerProcess:
         """Start (or restart) the local worker with ``model`` loaded."""

@@ -1,13 +1,14 @@
 """Memory figures and messages in the words of the app's controls.
 
 - :func:`request_floor`: the lowest memory limit at which the loaded model can still answer
-  one request: its weights, the rest of what the worker holds now (runtime and the KV it
-  keeps: measured, else the engine's estimate), a minimal KV budget (one request of up to
-  ``MIN_KV_TOKENS`` tokens, or the whole context when that is shorter) and working memory
-  for that request (1/32 of the rest, at least ``WORKING_BYTES``). Below it the worker
-  refuses answers: it admits a request against the memory it measures.
+  one request once kept chats are freed: its weights, the runtime (what the worker holds
+  beyond the weights and the KV: measured, else the engine's estimate), a minimal KV budget
+  (one request of up to ``MIN_KV_TOKENS`` tokens, or the whole context when that is
+  shorter) and working memory for that request (1/32 of the rest, at least
+  ``WORKING_BYTES``). Kept chats' KV is not part of it: a limit below what they hold frees
+  them.
 - :func:`capacity_words`: how many tokens the KV budget holds, never more than the model's
-  context for one conversation.
+  context for one conversation; nothing before the context is known.
 - :func:`gui_words`: an engine message with its command-line flags replaced by the control
   that sets the same thing (the engine's messages are written for its command line).
 """
@@ -60,8 +61,8 @@ def request_floor(tier: dict[str, Any], budget: dict[str, Any] | None,
     """What one request needs on ``tier`` (a ``TierSnapshot``); ``budget`` (the governor's
     KV budget) gives the page size when it is this tier's."""
     weights, kv_held = _int(tier.get("weights_bytes")), _int(tier.get("kv_bytes"))
-    measured = max(0, _int(tier.get("used")) - weights)
-    runtime = max(_int(tier.get("overhead_bytes")) + kv_held, measured)
+    measured = max(0, _int(tier.get("used")) - weights - kv_held)
+    runtime = max(_int(tier.get("overhead_bytes")), measured)
     budget = budget or {}
     page, per_page = _int(budget.get("page_bytes")), _int(budget.get("tokens_per_page"))
     tokens = min(context_length or MIN_KV_TOKENS, MIN_KV_TOKENS)
@@ -72,17 +73,15 @@ def request_floor(tier: dict[str, Any], budget: dict[str, Any] | None,
 
 def capacity_words(kv_tokens: Any, context_length: int | None) -> str:
     """The KV budget's room in tokens, for people: capped by the model's context."""
-    if not isinstance(kv_tokens, int):
-        return ""
+    if not isinstance(kv_tokens, int) or not context_length:
+        return ""  # a count the model's context does not bound would mislead
     if context_length and kv_tokens >= context_length:
         chats = kv_tokens // context_length
         more = "" if chats < 2 else (f"; about {chats:,} such conversations could be kept "
                                      "at once")
         return (f"room for a conversation at the model's full context "
                 f"({context_length:,} tokens){more}")
-    if context_length:
-        return f"room for {kv_tokens:,} of the model's {context_length:,} tokens of context"
-    return f"room for {kv_tokens:,} tokens"
+    return f"room for {kv_tokens:,} of the model's {context_length:,} tokens of context"
 
 
 def gui_words(text: str) -> str:

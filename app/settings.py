@@ -20,6 +20,23 @@ CHAT_SAMPLING: dict[str, Any] = {"temperature": 0.2, "top_p": 0.9, "repetition_p
                                  "max_tokens": 512}
 
 
+def model_sampling(card: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields of :data:`CHAT_SAMPLING` the model's card recommends (a value whose source
+    is a dialect's default is the server's, not the model's, and is left out)."""
+    table = ((card or {}).get("meta") or {}).get("sampling")
+    if not isinstance(table, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for name in CHAT_SAMPLING:
+        entry = table.get(name)
+        if not isinstance(entry, dict) or str(entry.get("source", "")).endswith("default"):
+            continue
+        value = entry.get("value")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
 class AppSettings(QObject):
     """QSettings in an INI file under the config dir (one file, easy to inspect or reset)."""
 
@@ -128,6 +145,13 @@ class AppSettings(QObject):
 
     @property
     def sampling(self) -> dict[str, Any]:
+        return self.sampling_for(None)
+
+    def sampling_for(self, card: dict[str, Any] | None) -> dict[str, Any]:
+        """A new chat's sampling: the app's defaults, then what the loaded model recommends
+        (its card's ``meta.sampling``: the user's preset or the model's own configs, not
+        the dialect's defaults), then what was saved here."""
         defaults: dict[str, Any] = dict(CHAT_SAMPLING)
+        defaults.update(model_sampling(card))
         saved = self.value("chat/sampling", {})
         return {**defaults, **{k: v for k, v in saved.items() if k in defaults}}

@@ -50,6 +50,8 @@ class WorkerOptions:
     vram_limit: str = "auto"
     admin_token_file: str | None = None
     kv_store_dir: str | None = None
+    #: the user's sampling presets per model (presets.json in the app's config folder)
+    presets: str | None = None
     #: the app's pid: the worker stops when the app is gone, however it ended
     parent_pid: int | None = field(default_factory=os.getpid)
     extra_args: tuple[str, ...] = ()
@@ -69,6 +71,8 @@ class WorkerOptions:
             args += ["--admin-token-file", self.admin_token_file]
         if self.kv_store_dir:
             args += ["--kv-store-dir", self.kv_store_dir]
+        if self.presets:
+            args += ["--presets", self.presets]
         if self.parent_pid:
             args += ["--parent-pid", str(self.parent_pid)]
         return args + list(self.extra_args)
@@ -172,6 +176,12 @@ class WorkerProcess(QObject):
     def set_model(self, model: str | None) -> None:
         """The model a restarted worker loads (the one the user loaded last)."""
         self.options = WorkerOptions(**{**self.options.__dict__, "model": model})
+
+    def set_limit(self, tier: str, value: str) -> None:
+        """The memory limit a restarted worker starts with (the one the user set last)."""
+        name = {"host_ram": "host_ram_limit", "vram": "vram_limit"}.get(tier)
+        if name is not None:
+            self.options = WorkerOptions(**{**self.options.__dict__, name: value})
 
     def _launch(self) -> None:
         program, args = command_for(self.options)

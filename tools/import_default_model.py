@@ -105,6 +105,13 @@ KEEP = ("model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json",
         "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
+#: Files of the shipped folder written by hand, not by the export: the notes, and the
+#: sampling the app recommends for the model (``generation_config.json``, read by the
+#: worker for requests that leave sampling fields out).
+NOT_EXPORTED = frozenset({"PROVENANCE.md", "MODEL_CARD.md", "eval.json",
+                          "generation_config.json"})
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -180,8 +187,7 @@ def _versions() -> dict[str, str]:
 
 def provenance(variant: Variant, wheel: Path, gguf: Path, out: Path,
                builder_cmd: list[str]) -> str:
-    files = sorted(p for p in out.iterdir() if p.is_file() and p.name != "PROVENANCE.md"
-                   and p.name != "MODEL_CARD.md" and p.name != "eval.json")
+    files = sorted(p for p in out.iterdir() if p.is_file() and p.name not in NOT_EXPORTED)
     versions = _versions()
     shown = [Path(a).name if a.startswith("/") else a for a in builder_cmd[1:]]
     lines = [
@@ -250,7 +256,7 @@ def check(variant: Variant, work: Path, out: Path) -> int:
         again = Path(scratch) / "again"
         export(variant, work, again, hf_dir=Path(scratch) / "hf")
         names = sorted({p.name for p in again.iterdir()} | {p.name for p in out.iterdir()}
-                       - {"MODEL_CARD.md", "eval.json"})
+                       - NOT_EXPORTED)
         differ = [n for n in names if not (out / n).is_file() or not (again / n).is_file()
                   or sha256(out / n) != sha256(again / n)]
     for name in names:

@@ -12,6 +12,7 @@ transcript (marked "not sent to the model") and the export.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut, QShowEvent
@@ -144,6 +145,7 @@ class ChatView(ContextFitting, QWidget):
         self.banner.drop_oldest.connect(self.drop_oldest)
         self.ctx.down.connect(self._on_down)
         self.ctx.ready.connect(self._on_ready)
+        self.ctx.model_changed.connect(self._on_model_changed)
         self.transcript.edit_requested.connect(self._start_edit)
         app = QCoreApplication.instance()
         if app is not None:  # an answer still streaming at exit is saved as interrupted
@@ -173,6 +175,21 @@ class ChatView(ContextFitting, QWidget):
     def focus_input(self) -> None:
         self.input.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
+    def _new_sampling(self) -> dict[str, Any]:
+        """A new chat's sampling: what the loaded model recommends, over the app's own."""
+        card = self.ctx.model if isinstance(self.ctx.model, dict) else None
+        return self.ctx.settings.sampling_for(card)
+
+    def _on_model_changed(self, card: Any) -> None:
+        """A chat not started yet takes the new model's recommended sampling."""
+        conv = self._conv
+        if card is None or (conv is not None and self.store.messages(conv.id)):
+            return
+        sampling = self._new_sampling()
+        self.settings.load(self.settings.system_prompt.toPlainText(), sampling)
+        if conv is not None:
+            self.store.update_conversation(conv.id, sampling=sampling)
+
     def open_conversation(self, conv_id: int | None) -> None:
         """Show ``conv_id`` (None: nothing yet; the first message starts a chat)."""
         self._conv = self.store.conversation(conv_id) if conv_id is not None else None
@@ -180,7 +197,7 @@ class ChatView(ContextFitting, QWidget):
         self.banner.hide()
         conv = self._conv
         self.settings.load(conv.system_prompt if conv else self.ctx.settings.system_prompt,
-                           conv.sampling if conv and conv.sampling else self.ctx.settings.sampling)
+                           conv.sampling if conv and conv.sampling else self._new_sampling())
         self.title.setText(conv.title if conv else NEW_TITLE)
         if self.conversations.current_id() != conv_id:
             self.conversations.reload(select=conv_id if conv_id is not None else -1)
@@ -193,7 +210,7 @@ class ChatView(ContextFitting, QWidget):
             return self._conv.id
         conv = self.store.create_conversation(NEW_TITLE,
                                               system_prompt=self.ctx.settings.system_prompt,
-                                              sampling=self.ctx.settings.sampling)
+                                              sampling=self._new_sampling())
         self.conversations.reload(select=conv.id)
         self.open_conversation(conv.id)
         self.focus_input()

@@ -6,8 +6,11 @@ physical size, in MiB steps. Moving it below what is held says, before it is app
 what will be freed. Moving it sends ``PUT
 /v1/limits`` (admin) on release, or ~300 ms after the last move while dragging or typing;
 the answer (the engine's ``LimitOutcome``) is written under it in words, errors too, and
-the limit is saved in the settings (``limits/host_ram``, ``limits/vram``) so the next worker
-starts with it. Snapshots move the slider to the worker's limit unless the user is at it.
+the limit is saved in the settings (``limits/host_ram``, ``limits/vram``) and given to the
+worker process, so a restarted worker starts with it (the worker itself applies it again to
+every model it loads). Snapshots move the slider to the worker's limit unless the user is
+at it; a limit below the lowest (what one request needs grew after it was set) is said as
+such, never as a value inside the slider's range.
 """
 
 from __future__ import annotations
@@ -152,20 +155,25 @@ class LimitSlider(QWidget):
         floor = self.floor
         if floor is None:
             return
-        parts = [f"weights {human(floor.weights)}",
-                 f"runtime and kept chats {human(floor.runtime)}"]
+        parts = [f"weights {human(floor.weights)}", f"runtime {human(floor.runtime)}"]
         if floor.kv:
             parts.append(f"{human(floor.kv)} for a {floor.kv_tokens:,}-token request")
         if floor.working:
             parts.append(f"{human(floor.working)} working memory")
-        self.floor_label.setText(f"Lowest: {human(self.slider.minimum() * MIB)}, what this "
-                                 f"model needs to answer one request ({', '.join(parts)}).")
+        self.floor_label.setText(
+            f"Lowest: {human(self.slider.minimum() * MIB)}, what this model needs to answer "
+            f"one request ({', '.join(parts)}); kept chats are not counted, a lower limit "
+            "frees them.")
 
     def _show_label(self, limit: int | None) -> None:
+        words = TIER_WORDS[self.tier]
+        low, high = self.slider.minimum() * MIB, self.slider.maximum() * MIB
+        if limit is not None and limit < low:
+            self.label.setText(f"{words} limit: {human(limit)}, below the {human(low)} this "
+                               "model needs to answer a request: move the slider up")
+            return
         shown = human(limit) if limit is not None else human(self.slider.value() * MIB)
-        self.label.setText(f"{TIER_WORDS[self.tier]} limit: {shown} "
-                           f"(from {human(self.slider.minimum() * MIB)} "
-                           f"to {human(self.slider.maximum() * MIB)})")
+        self.label.setText(f"{words} limit: {shown} (from {human(low)} to {human(high)})")
 
     # --- from the user --------------------------------------------------------------------
 
@@ -211,7 +219,7 @@ class LimitSlider(QWidget):
         nbytes = (self._sent or 0) * MIB
         body = body if isinstance(body, dict) else {}
         self.outcome.setText(gui_words(describe_outcome(body)))
-        self.ctx.settings.set_value(f"limits/{self.tier}", str(nbytes))
+        self.ctx.remember_limit(self.tier, str(nbytes))
         self.applied.emit(body)
         self._again()
 

@@ -13,12 +13,21 @@ import time
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.client import ApiFailure
 from app.context import AppContext
 from app.memory_words import capacity_words, gui_words, request_floor
 from app.resources_feed import ResourcesFeed
-from app.views.gauge_bar import Gauge, Segment, human, label
+from app.views.gauge_bar import Gauge, Segment, human, label, plural
 from app.views.gauge_chart import LiveChart
 from app.views.gauge_slider import LimitSlider
 
@@ -73,11 +82,26 @@ class GaugesPanel(QWidget):
         self.kv = Gauge("KV cache (device / RAM / disk)", "kv")
         self.throughput = label("Last answer: none yet", "throughputLabel")
         self.throughput.setWordWrap(True)
+        # what kept chats and the prefix cache hold, freed on request (POST /v1/kv/free)
+        self.free_button = QPushButton("Free")
+        self.free_button.setObjectName("freeKvButton")
+        self.free_button.setToolTip("Free the memory kept chats and the prompt cache hold; "
+                                    "a chat's next answer recomputes its context")
+        self.free_button.setEnabled(False)
+        self.free_button.clicked.connect(self.free_kept)
+        self.free_label = label("", "freeKvLabel")
+        self.free_label.setWordWrap(True)
+        free_row = QWidget()
+        row = QHBoxLayout(free_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.free_label, 1)
+        row.addWidget(self.free_button)
+        self._freeing = False
         self.ram_limit = LimitSlider(ctx, "host_ram")
         self.vram_limit = LimitSlider(ctx, "vram")
         self.vram_limit.setVisible(False)
         self.chart = LiveChart()
-        for widget in (self.provider, self.state, self.vram, self.ram, self.kv,
+        for widget in (self.provider, self.state, self.vram, self.ram, self.kv, free_row,
                        self.throughput, _heading("Memory limits", "limitsHeading"),
                        self.ram_limit, self.vram_limit,
                        _heading("Last minutes", "chartHeading"), self.chart):
@@ -209,6 +233,44 @@ class GaugesPanel(QWidget):
                     Segment("disk", disk, "disk")]
         self.kv.show_figures(segments, int(room or 0), room if isinstance(room, int) else None,
                              headroom, figures, details)
+        self._show_kept(int(sessions.get("named") or 0), int(cache.get("pages") or 0),
+                        device + host)
+
+    # --- freeing what kept chats hold -------------------------------------------------------
+
+    def _show_kept(self, chats: int, pages: int, held: int) -> None:
+        self.free_button.setEnabled(not self._freeing and not self.ctx.remote
+                                    and (chats > 0 or pages > 0))
+        if self._freeing:
+            return
+        if chats or pages:
+            self.free_label.setText(f"Kept: {plural(chats, 'chat')} and "
+                                    f"{plural(pages, 'cached page')}, {human(held)} of KV.")
+        elif not self.free_label.text().startswith("Freed"):
+            self.free_label.setText("Nothing kept to free.")
+
+    def free_kept(self) -> None:
+        """``POST /v1/kv/free``: close kept chats, drop the prompt cache."""
+        self._freeing = True
+        self.free_button.setEnabled(False)
+        self.free_label.setText("Freeing…")
+        reply = self.ctx.client.call("POST", "/v1/kv/free", {}, admin=True)
+        reply.finished.connect(self._on_freed)
+        reply.failed.connect(self._on_free_failed)
+
+    def _on_freed(self, body: Any) -> None:
+        self._freeing = False
+        body = body if isinstance(body, dict) else {}
+        self.free_label.setText(
+            f"Freed {human(int(body.get('bytes_freed') or 0))}: closed "
+            f"{plural(int(body.get('sessions_closed') or 0), 'kept chat')}, dropped "
+            f"{plural(int(body.get('pages_evicted') or 0), 'cached page')}; a chat's next "
+            "answer recomputes its context.")
+
+    def _on_free_failed(self, failure: ApiFailure) -> None:
+        self._freeing = False
+        self.free_button.setEnabled(True)
+        self.free_label.setText(f"Nothing was freed: {failure.text()}")
 
     def _show_throughput(self, throughput: Any) -> None:
         last = (throughput or {}).get("last") if isinstance(throughput, dict) else None

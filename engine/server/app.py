@@ -83,7 +83,8 @@ def build_context(config: ServerConfig) -> ServerContext:
     worker = EngineWorker(max_queue=config.max_queue, max_running=config.engine.max_batch)
     metrics = Metrics()
     worker.on_record = metrics.observe_job
-    models = ModelManager(worker, config.models_dirs, config.engine, trusted=config.model)
+    models = ModelManager(worker, config.models_dirs, config.engine, trusted=config.model,
+                          presets=config.presets)
     if config.model is not None:
         models.load_now(config.model)
     sessions = SessionRegistry(idle_timeout_s=config.session_idle_s,

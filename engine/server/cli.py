@@ -14,6 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="model folder to load at start")
     source.add_argument("--models-dir", type=Path, action="append", default=[],
                         help="folder of model folders the API may list and load (repeatable)")
+    source.add_argument("--presets", type=Path, metavar="FILE",
+                        help="the user's sampling presets per model (default: presets.json "
+                             "in the user config folder); a request's left-out sampling "
+                             "fields take them before the model's generation_config.json")
     source.add_argument("--no-default-model", action="store_true",
                         help="start with no model when neither --model nor --models-dir is "
                         "given (default: the small built-in model, when installed)")

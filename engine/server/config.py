@@ -50,6 +50,8 @@ class ServerConfig:
     access_log: bool = False
     #: Chat sessions (X-Session-Id) close after this many seconds without a turn.
     session_idle_s: float = 1800.0
+    #: The user's sampling presets per model (``engine.model.sampling_defaults``).
+    presets: Path | None = None
     #: Named chat sessions kept at most (the least recently used idle one goes first).
     max_sessions: int = 64
     #: Seconds a request gets to arrive whole (headers and body); then 408 and close.

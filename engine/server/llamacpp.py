@@ -246,7 +246,7 @@ async def infill(body: InfillRequest, request: Request,
         return select_fields(_warm_body(model), body.response_fields)
     prompts = []
     for index in range(count):
-        options = llama_options(body, model, seed_offset=index)
+        options = llama_options(body, model, seed_offset=index, code=True)
         fitted = await asyncio.to_thread(build_infill, engine, body.input_prefix,
                                          body.input_suffix, body.prompt, files, options,
                                          body.fim_lines)
@@ -273,14 +273,22 @@ async def completion(body: LlamaCompletionRequest, request: Request,
     return await _run(ctx, request, model, body, prompts)
 
 
+#: This worker's field names as llama.cpp's /props spells them.
+_PROPS_NAMES = {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"}
+
+
 @router.get("/props")
 async def props(ctx: Ctx) -> dict[str, Any]:
     model = ctx.models.require(None)
     engine = model.engine
+    table = model.sampling.table("llamacpp")
+    params: dict[str, Any] = {"n_predict": -1, "seed": -1}
+    params.update({_PROPS_NAMES.get(k, k): v["value"] for k, v in table.items()})
     return {"default_generation_settings": {
-                "n_ctx": engine.context_length, "model": model.id,
-                "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95,
-                           "min_p": 0.05, "seed": -1}},
+                "n_ctx": engine.context_length, "model": model.id, "params": params,
+                # where each value comes from (the user's preset, the model's configs,
+                # llama.cpp's defaults); "infill": what /infill leaves out gets
+                "sampling": table, "infill": model.sampling.table("llamacpp", code=True)},
             "total_slots": 1, "model_path": str(model.path), "model_alias": model.id,
             "has_chat_template": engine.tokenizer.has_chat_template,
             "infill": True,

@@ -14,20 +14,24 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.memory.trim import trim_heap
 from engine.model.folders import FORMATS, find_model_dirs, folder_format
+from engine.model.sampling_defaults import ModelSampling, model_sampling
 from engine.server.errors import ApiError
 from engine.server.worker import EngineWorker
 from engine.text.fim import FimFamily
 
 ModelState = Literal["empty", "loading", "ready"]
+log = logging.getLogger("engine.server")
 
 #: Words an editor looks for in a model name, and the tag added when a folder lacks them.
 _FAMILY_WORDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -76,6 +80,8 @@ class LoadedModel:
     engine: Engine
     path: Path
     loaded_at: float
+    #: What the model recommends for the sampling fields a request leaves out.
+    sampling: ModelSampling = field(default_factory=ModelSampling)
 
     @property
     def family(self) -> str:
@@ -114,14 +120,19 @@ class ModelManager:
     engines are built and dropped on the engine thread."""
 
     def __init__(self, worker: EngineWorker, roots: Sequence[Path], config: EngineConfig,
-                 trusted: Path | None = None) -> None:
+                 trusted: Path | None = None, presets: Path | None = None) -> None:
         self._worker = worker
+        #: The user's sampling presets (``presets.json``), read again at every load.
+        self.presets = presets
         self.roots = tuple(Path(r).expanduser().resolve() for r in roots)
         self._config = config
         self._trusted = trusted.expanduser().resolve() if trusted is not None else None
         self._trusted_names: set[str] = set()
         if self._trusted is not None:
             self._trusted_names = {_norm(self._trusted.name), _norm(str(self._trusted))}
+        #: Limits set while running (``PUT /v1/limits``): the user's, applied again after
+        #: every model load, as a text ``parse_limit`` accepts, by tier.
+        self.limits: dict[str, str] = {}
         self.current: LoadedModel | None = None
         self.state: ModelState = "empty"
         self.loading: str | None = None
@@ -213,8 +224,7 @@ class ModelManager:
     def load_now(self, path: Path) -> LoadedModel:
         """Load synchronously (at start-up, before the engine thread serves requests)."""
         engine = Engine.load(path, self._config)
-        model = LoadedModel(model_id(engine.model.name, engine.fim_family), engine,
-                            engine.model.path, time.time())
+        model = self._served(engine)
         self.current, self.state = model, "ready"
         if self._trusted is not None and model.path.resolve() == self._trusted:
             self._trusted_names.add(_norm(model.id))
@@ -228,13 +238,17 @@ class ModelManager:
         path = self.resolve(name)
         previous = [self.current] if self.current is not None else []
         self.current, self.state, self.loading = None, "loading", name
-        config = self._config
+        config, limits = self._config, dict(self.limits)
 
         def job(cancel: Any) -> Iterator[Engine]:
             while previous:  # close the old engine and drop the last reference held here
                 previous.pop().engine.close()
             gc.collect()  # the old engine's buffers go before the new ones arrive
-            yield Engine.load(path, config)
+            trim_heap()  # and leave the process: the next model's figures start clean
+            engine = Engine.load(path, config)
+            for tier, value in limits.items():  # the limits set since start stay set
+                engine.set_limit(tier, value)
+            yield engine
 
         try:
             handle = self._worker.submit(job, "high", exclusive=True)
@@ -242,11 +256,17 @@ class ModelManager:
         except BaseException:
             self.state, self.loading = "empty", None
             raise
-        engine = engines[0]
-        model = LoadedModel(model_id(engine.model.name, engine.fim_family), engine,
-                            engine.model.path, time.time())
+        model = self._served(engines[0])
         self.current, self.state, self.loading = model, "ready", None
         return model
+
+    def _served(self, engine: Engine) -> LoadedModel:
+        name = model_id(engine.model.name, engine.fim_family)
+        path = engine.model.path
+        sampling = model_sampling(path, (name, path.name, engine.model.name), self.presets)
+        for problem in sampling.problems:  # the rest of the preset still applies
+            log.warning("sampling preset: %s", problem)
+        return LoadedModel(name, engine, path, time.time(), sampling)
 
     async def unload(self) -> str | None:
         if self.state == "loading":
@@ -258,6 +278,7 @@ class ModelManager:
         def job(cancel: Any) -> Iterator[None]:
             model.engine.close()
             gc.collect()
+            trim_heap()
             yield None
 
         await asyncio.shield(self._drain(self._worker.submit(job, "high", exclusive=True)))

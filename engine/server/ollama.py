@@ -146,12 +146,19 @@ def _stop_texts(engine: Engine) -> list[str]:
     return [t for t in dict.fromkeys(texts) if t]
 
 
+#: This worker's field names as a Modelfile's PARAMETER lines spell them.
+_MODELFILE_NAMES = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}
+
+
 @router.post("/api/show")
 async def show(body: OllamaShowRequest, ctx: Ctx
                ) -> dict[str, Any]:
     model = _find(ctx, body.model or body.name)
     engine = model.engine
     params = [("num_ctx", str(engine.context_length))]
+    table = model.sampling.table("ollama")
+    params += [(_MODELFILE_NAMES.get(k, k), f"{v['value']:g}") for k, v in table.items()
+               if not str(v["source"]).endswith("default")]  # the model's own, not Ollama's
     params += [("stop", json.dumps(s, ensure_ascii=False)) for s in _stop_texts(engine)]
     parameters = "\n".join(f"{key:<30} {value}" for key, value in params)
     template = fim_template(engine)
@@ -165,7 +172,9 @@ async def show(body: OllamaShowRequest, ctx: Ctx
             "model_info": {"general.architecture": model.family,
                            f"{model.family}.context_length": engine.context_length},
             "capabilities": ["completion", "insert", *(["tools"] if tools else [])],
-            "tool_calls": tools, "modified_at": _iso(model.loaded_at)}
+            "tool_calls": tools, "modified_at": _iso(model.loaded_at),
+            # each value a request that leaves it out gets, and where it comes from
+            "sampling": table, "sampling_code": model.sampling.table("ollama", code=True)}
 
 
 def _stats(final: Final) -> dict[str, Any]:
@@ -261,7 +270,7 @@ async def generate(body: OllamaGenerateRequest, request: Request,
         await alive.end(keep)
         return {"model": model.id, "created_at": _now(), "response": "", "done": True,
                 "done_reason": "load"}
-    options = ollama_options(body.options, model, body.format)
+    options = ollama_options(body.options, model, body.format, code=bool(body.suffix))
     if body.suffix:
         gen = await asyncio.to_thread(lambda: engine.fim_request(
             body.prompt, body.suffix or "", options, lines=body.fim_lines))

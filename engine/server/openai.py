@@ -97,7 +97,11 @@ def model_card(model: LoadedModel) -> dict[str, Any]:
                      if engine.tokenizer.has_chat_template else ["completion"],
                      "tool_calls": capabilities(model),
                      "reasoning": describe_reasoning(engine.tokenizer),
-                     "path": str(model.path)}}
+                     "path": str(model.path),
+                     # what a request that leaves a field out gets here, and from where
+                     "sampling": model.sampling.table("openai"),
+                     "sampling_code": model.sampling.table("openai", code=True),
+                     "sampling_problems": list(model.sampling.problems)}}
 
 
 @router.get("/v1/models")
@@ -301,10 +305,11 @@ def _single_prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:
 
 async def _completion_request(body: CompletionRequest, model: LoadedModel) -> GenerateRequest:
     prompt = _single_prompt(body.prompt)
-    options = openai_options(body, model, max_tokens=body.max_tokens,
-                             top_logprobs=body.logprobs, logprobs_field="logprobs")
     engine = model.engine
-    if body.suffix is not None and (body.suffix or engine.fim_family is not None):
+    code = body.suffix is not None and bool(body.suffix or engine.fim_family is not None)
+    options = openai_options(body, model, max_tokens=body.max_tokens,
+                             top_logprobs=body.logprobs, logprobs_field="logprobs", code=code)
+    if code:
         if not isinstance(prompt, str):
             raise ApiError(400, "suffix: needs a text prompt (the code before the cursor)",
                            param="suffix")

@@ -16,6 +16,11 @@ temperature 0-100, top_p and min_p 0-1, top_k -1 or more, a repetition penalty 0
 ``n_predict`` -1 or more, Ollama's ``num_predict`` -2 or more but 0, ``max_tokens`` 1 or
 more) with a 400 naming the field and the range, rather than clamping them silently.
 
+Those defaults come last: a field a request leaves out takes the model's recommendation
+first (the user's preset, ``generation_config.json``, ``genai_config.json``'s search
+section: ``engine.model.sampling_defaults``). Code completion (``/infill``, a ``suffix``)
+is greedy unless the preset's ``infill`` entry says otherwise.
+
 Stop strings that are the text of a special token (``<|endoftext|>``) become token stops:
 special tokens never appear in the output text, so a text stop could never match them.
 
@@ -34,6 +39,7 @@ from typing import Any
 from engine.config import ConstraintSpec, GenerateOptions, StopSequence
 from engine.errors import InvalidOptionError
 from engine.generation.constraint import ConstraintKind
+from engine.model.sampling_defaults import Dialect
 from engine.server.errors import ApiError, from_exception
 from engine.server.models import LoadedModel
 from engine.server.schemas import LlamaSampling, OllamaOptions, ResponseFormat, _OpenAISampling
@@ -192,24 +198,37 @@ def _bias_tokens(key: Any, tokenizer: Tokenizer, allow_text: bool) -> list[int]:
                    hint='e.g. {"42": -100}')
 
 
+def _given(value: Any, model: LoadedModel, dialect: Dialect, name: str, code: bool) -> Any:
+    """``value`` when the request sent it, else the model's recommendation for ``name`` on
+    ``dialect`` (``engine.model.sampling_defaults``: the user's preset, the model's own
+    configs, the dialect's default)."""
+    return model.sampling.value(dialect, name, code) if value is None else value
+
+
 def openai_options(body: _OpenAISampling, model: LoadedModel, *, max_tokens: int | None,
-                   top_logprobs: int | None, logprobs_field: str = "top_logprobs"
-                   ) -> GenerateOptions:
+                   top_logprobs: int | None, logprobs_field: str = "top_logprobs",
+                   code: bool = False) -> GenerateOptions:
+    """``code``: a code completion (a ``suffix``), whose left-out fields are greedy unless
+    the user's preset says otherwise."""
     engine = model.engine
-    temperature = 1.0 if body.temperature is None else body.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
+    def pick(value: Any, name: str) -> Any:
+        return _given(value, model, "openai", name, code)
+
+    temperature = pick(body.temperature, "temperature")
+    top_p = pick(body.top_p, "top_p")
     if top_p == 0:
         temperature, top_p = 0.0, 1.0
+    max_tokens = pick(max_tokens, "max_tokens")
     return make_options({
         "max_new_tokens": engine.context_length if max_tokens is None else max_tokens,
         "temperature": temperature, "top_p": top_p,
-        "top_k": 0 if body.top_k is None else max(body.top_k, 0),
-        "min_p": 0.0 if body.min_p is None else body.min_p,
-        "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
-        "frequency_penalty": body.frequency_penalty or 0.0,
-        "presence_penalty": body.presence_penalty or 0.0,
+        "top_k": max(pick(body.top_k, "top_k"), 0),
+        "min_p": pick(body.min_p, "min_p"),
+        "repetition_penalty": pick(body.repetition_penalty, "repetition_penalty"),
+        "frequency_penalty": pick(body.frequency_penalty, "frequency_penalty") or 0.0,
+        "presence_penalty": pick(body.presence_penalty, "presence_penalty") or 0.0,
         "logit_bias": logit_bias(body.logit_bias, engine.spec.vocab_size, engine.tokenizer),
-        "seed": seed_value(body.seed),
+        "seed": seed_value(pick(body.seed, "seed")),
         "stop_sequences": stop_sequences(body.stop, engine.tokenizer),
         "top_logprobs": top_logprobs,
         "constraint": response_constraint(body.response_format),
@@ -224,34 +243,44 @@ def _llama_samplers(value: Sequence[str] | str | None) -> set[str] | None:
     return {_LLAMA_ALIASES.get(n, n) for n in cleaned}
 
 
-def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int = 0
-                  ) -> GenerateOptions:
+def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int = 0,
+                  code: bool = False) -> GenerateOptions:
+    """``code``: ``/infill``, whose left-out fields are greedy unless the user's preset
+    says otherwise."""
     engine = model.engine
     active = _llama_samplers(body.samplers)
-
     def on(name: str) -> bool:
         return active is None or name in active
 
-    temp = 0.8 if body.temperature is None else body.temperature
+    def pick(value: Any, name: str) -> Any:
+        return _given(value, model, "llamacpp", name, code)
+
+    temp = pick(body.temperature, "temperature")
     temperature = max(temp, 0.0) if on("temperature") else 1.0
-    top_k = 40 if body.top_k is None else max(body.top_k, 0)
+    top_k = max(pick(body.top_k, "top_k"), 0)
     top_k = top_k if on("top_k") else 0
-    top_p = 0.95 if body.top_p is None else body.top_p
+    top_p = pick(body.top_p, "top_p")
     if not on("top_p") or top_p >= 1.0:
         top_p = 1.0
     elif top_p <= 0.0:
         top_p, top_k = 1.0, 1  # llama.cpp keeps one token
-    min_p = 0.05 if body.min_p is None else body.min_p
+    min_p = pick(body.min_p, "min_p")
     min_p = min(min_p, 1.0) if on("min_p") and min_p > 0 else 0.0
     penalties = on("penalties")
-    repeat = 1.0 if body.repeat_penalty is None else body.repeat_penalty
-    seed = seed_value(body.seed, random=(-1, 0xFFFFFFFF))
+    repeat = pick(body.repeat_penalty, "repetition_penalty")
+    repeat = repeat if repeat and repeat > 0 else 1.0
+    seed = seed_value(pick(body.seed, "seed"), random=(-1, 0xFFFFFFFF))
+    n_predict = body.n_predict if "n_predict" in body.model_fields_set else \
+        pick(None, "max_tokens")
+    n_predict = -1 if n_predict is None else n_predict
     return make_options({
-        "max_new_tokens": engine.context_length if body.n_predict < 0 else body.n_predict,
+        "max_new_tokens": engine.context_length if n_predict < 0 else n_predict,
         "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
         "repetition_penalty": repeat if penalties else 1.0,
-        "presence_penalty": (body.presence_penalty or 0.0) if penalties else 0.0,
-        "frequency_penalty": (body.frequency_penalty or 0.0) if penalties else 0.0,
+        "presence_penalty": (pick(body.presence_penalty, "presence_penalty") or 0.0)
+        if penalties else 0.0,
+        "frequency_penalty": (pick(body.frequency_penalty, "frequency_penalty") or 0.0)
+        if penalties else 0.0,
         "logit_bias": logit_bias(body.logit_bias, engine.spec.vocab_size, engine.tokenizer,
                                  allow_text=True),
         "seed": None if seed is None else (seed + seed_offset) % _SEED_SPACE,
@@ -263,28 +292,34 @@ def llama_options(body: LlamaSampling, model: LoadedModel, *, seed_offset: int =
 
 
 def ollama_options(options: OllamaOptions | None, model: LoadedModel,
-                   fmt: str | Mapping[str, Any] | None = None) -> GenerateOptions:
+                   fmt: str | Mapping[str, Any] | None = None, *, code: bool = False
+                   ) -> GenerateOptions:
+    """``code``: a ``suffix`` (code completion), whose left-out fields are greedy unless
+    the user's preset says otherwise."""
     engine = model.engine
     o = options or OllamaOptions()
-    temperature = 0.8 if o.temperature is None else max(o.temperature, 0.0)
-    top_k = 40 if o.top_k is None else max(o.top_k, 0)
-    top_p = 0.9 if o.top_p is None else o.top_p
+    def pick(value: Any, name: str) -> Any:
+        return _given(value, model, "ollama", name, code)
+
+    temperature = max(pick(o.temperature, "temperature"), 0.0)
+    top_k = max(pick(o.top_k, "top_k"), 0)
+    top_p = pick(o.top_p, "top_p")
     if top_p >= 1.0:
         top_p = 1.0
     elif top_p <= 0.0:
         top_p, temperature = 1.0, 0.0
-    num_predict = o.num_predict
+    num_predict = pick(o.num_predict, "max_tokens")
     return make_options({
         "max_new_tokens": engine.context_length if num_predict is None or num_predict < 0
         else num_predict,
         "max_context": None if o.num_ctx is None else min(o.num_ctx, engine.context_length)
         if o.num_ctx >= 2 else o.num_ctx,
         "temperature": temperature, "top_k": top_k, "top_p": top_p,
-        "min_p": 0.0 if o.min_p is None else o.min_p,
-        "repetition_penalty": 1.0 if o.repeat_penalty is None else o.repeat_penalty,
-        "presence_penalty": o.presence_penalty or 0.0,
-        "frequency_penalty": o.frequency_penalty or 0.0,
-        "seed": seed_value(o.seed, random=(-1,)),
+        "min_p": pick(o.min_p, "min_p"),
+        "repetition_penalty": pick(o.repeat_penalty, "repetition_penalty"),
+        "presence_penalty": pick(o.presence_penalty, "presence_penalty") or 0.0,
+        "frequency_penalty": pick(o.frequency_penalty, "frequency_penalty") or 0.0,
+        "seed": seed_value(pick(o.seed, "seed"), random=(-1,)),
         "stop_sequences": stop_sequences(o.stop, engine.tokenizer),
         "constraint": ollama_constraint(fmt),
     }, OLLAMA_RENAMES)

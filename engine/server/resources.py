@@ -14,12 +14,16 @@
   ...}``, one tier per request, any form ``parse_limit`` accepts. The change runs on the
   engine thread between two tokens; lowering a limit below what is held frees idle KV at
   once; running requests keep going. The answer is the engine's ``LimitOutcome``.
+- ``POST /v1/kv/free`` (admin): closes every ``X-Session-Id`` chat session and drops the
+  prefix cache's idle pages; the answer says how many and how many bytes were freed.
+  Limits set with ``PUT /v1/limits`` are applied again to every model loaded later.
 - ``DELETE /v1/sessions/{name}``: closes an ``X-Session-Id`` chat session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -32,6 +36,7 @@ from engine.engine import Engine
 from engine.errors import InvalidOptionError, ResourceLimitError
 from engine.memory.governor import GovernorSnapshot
 from engine.memory.limits import ACCEPTED_FORMS, LIMIT_FLAGS, parse_limit
+from engine.memory.trim import trim_heap
 from engine.server.errors import ApiError, from_exception
 from engine.server.schemas import LimitsRequest
 from engine.server.sessions import SessionRegistry, close_named
@@ -155,7 +160,31 @@ async def put_limits(body: LimitsRequest, ctx: Ctx) -> dict[str, Any]:
     except ResourceLimitError as exc:  # runtime override is off
         raise ApiError(409, exc.message, param=tier, code="runtime_override_disabled",
                        hint=exc.hint) from exc
+    ctx.models.limits[tier] = text  # applied again to the next model loaded
     return outcome.as_dict()
+
+
+def free_kept(engine: Engine, registry: SessionRegistry) -> dict[str, Any]:
+    """Engine thread: close every named chat session and drop the prefix cache's idle
+    pages; what they held is freed (a chat's next turn recomputes its KV)."""
+    before = engine.kv_bytes()
+    closed = sum(registry.close(engine, name) for name in registry.names(engine))
+    cache = engine.prefix_cache
+    pages = cache.evict(cache.idle_pages) if cache is not None else 0
+    gc.collect()
+    trim_heap()  # the process's measured memory drops with it
+    engine.resource_snapshot()  # the governor hears of it now
+    return {"object": "kv.freed", "sessions_closed": closed, "pages_evicted": pages,
+            "bytes_freed": max(0, before - engine.kv_bytes()),
+            "kv_bytes": engine.kv_bytes()}
+
+
+@router.post("/v1/kv/free")
+async def free_kv(ctx: Ctx) -> dict[str, Any]:
+    """Free what kept chats and the prefix cache hold (admin token); answers in progress
+    keep their KV."""
+    engine = ctx.models.require(None).engine
+    return await ctx.worker.call(lambda: free_kept(engine, ctx.sessions))
 
 
 @router.delete("/v1/sessions/{name:path}")

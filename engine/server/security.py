@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "onnx-local-llm"
 ADMIN_PATHS = frozenset({"/v1/models/load", "/v1/models/unload", "/v1/library",
-                         "/v1/library/roots", "/v1/limits", "/api/pull"})
+                         "/v1/library/roots", "/v1/limits", "/api/pull", "/v1/kv/free"})
 PUBLIC_PATHS = frozenset({"/health"})
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -68,6 +68,11 @@ def resolve_api_key(flag: str | None, key_file: Path | None,
 
 def default_admin_token_file() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME)) / "admin-token"
+
+
+def default_presets_file() -> Path:
+    """The user's sampling presets, beside the admin token."""
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "presets.json"
 
 
 def ensure_admin_token(path: Path | None) -> tuple[str, Path]:

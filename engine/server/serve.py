@@ -33,7 +33,11 @@ from engine.model.default_model import default_model_dir
 from engine.server.app import VERSION, build_context, create_app
 from engine.server.config import ServerConfig
 from engine.server.read_deadline import read_deadline_protocol
-from engine.server.security import ensure_admin_token, resolve_api_key
+from engine.server.security import (
+    default_presets_file,
+    ensure_admin_token,
+    resolve_api_key,
+)
 from engine.server.worker_log import default_log_file, setup, startup_log
 
 log = logging.getLogger("engine.server")
@@ -60,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, engine=engine, graceful_shutdown_s=args.graceful_shutdown,
         access_log=args.access_log, session_idle_s=args.session_idle_timeout,
-        max_sessions=args.max_sessions, read_timeout_s=args.read_timeout)
+        max_sessions=args.max_sessions, read_timeout_s=args.read_timeout,
+        presets=args.presets or default_presets_file())
 
 
 def warn_if_exposed(config: ServerConfig) -> None:
