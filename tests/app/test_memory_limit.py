@@ -180,8 +180,11 @@ def test_lowest_leaves_kept_chats_out_and_free_frees_them(qtbot, paths, workers,
     freed = re.search(r"Freed (\S+ [KMGT]?i?B)", panel.free_label.text())
     assert freed is not None and _bytes(freed.group(1)) > held / 2
     settled()
-    # what was freed left the process too: "Lowest" did not climb by it
-    assert (ram.slider.minimum() - lowest) * MIB < held / 2, (lowest, ram.slider.minimum(), held)
+    # what was freed left the process too: "Lowest" did not climb by it (without handing
+    # the heap back it climbs by ~90% of it; with it, 0-56% were seen, by what else the
+    # allocator holds at that moment)
+    assert (ram.slider.minimum() - lowest) * MIB < held * 3 / 4, \
+        (lowest, ram.slider.minimum(), held)
     now = panel.feed.last["governor"]["host_ram"]["used"]  # type: ignore[index]
     assert now < used - held / 4, (used, now, held)
     with httpx.Client(base_url=worker.url, timeout=120) as http:  # the chats go on
