@@ -396,6 +396,11 @@ class ChatView(ContextFitting, QWidget):
         if conv_id == self.current_conversation_id():
             self._refresh_conversation()
 
+    def window_closing(self) -> None:
+        """The window closed (the worker stops next): an answer being written is saved
+        as interrupted, not as failed by the stop."""
+        self._on_quit()
+
     def _on_quit(self) -> None:
         if self._run is not None:
             self._run.stop("interrupted: the app closed")

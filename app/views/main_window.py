@@ -92,6 +92,7 @@ class Banner(QWidget):
 
 class MainWindow(QMainWindow):
     view_created = Signal(str)
+    closed = Signal()  # the window closed (the worker stops behind it)
 
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -368,12 +369,18 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Close at once; the worker stops in the background (it may take seconds to
-        finish what it is doing: the window does not wait for it)."""
+        finish what it is doing: the window does not wait for it, and the event loop runs
+        on meanwhile)."""
         self.save_state()
         self._closing = True
         super().closeEvent(event)
         if event.isAccepted():
-            QTimer.singleShot(0, self.ctx.shutdown)
+            for view in self.views.values():  # an answer being written is saved as such
+                closing = getattr(view, "window_closing", None)
+                if callable(closing):
+                    closing()
+            QTimer.singleShot(0, functools.partial(self.ctx.shutdown, block=False))
+            self.closed.emit()
 
 
 def device_words(provider: Any) -> str:

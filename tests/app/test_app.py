@@ -264,12 +264,22 @@ def test_quit_closes_the_window_at_once_and_stops_the_worker_after(qtbot, window
     worker = window.ctx.worker
     assert worker is not None and worker.pid is not None
     process = psutil.Process(worker.pid)
+    # the resources panel holds a stream open on the worker, as it does in use
+    qtbot.waitUntil(lambda: getattr(window.gauges_dock.widget(), "feed", None) is not None
+                    and window.gauges_dock.widget().feed.events > 0, timeout=30_000)
+    states: list[str] = []
+    worker.state_changed.connect(states.append)
     quit_action = next(a for a in window.findChildren(QAction) if a.text() == "Quit")
     quit_action.trigger()
     assert not window.isVisible()  # closed before the worker was even asked to stop
     assert process.is_running() and worker.state == "ready"
+    # the worker stops behind the closed window: the event loop is not held meanwhile
+    qtbot.waitUntil(lambda: "stopping" in states, timeout=30_000)
     qtbot.waitUntil(lambda: worker.state == "stopped", timeout=30_000)
+    assert states == ["stopping", "stopped"]
     assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    # a clean stop (exit code 0), not the kill a stop gets when it hangs
+    assert worker.stopped_with == 0
 
 
 def test_restarting_message_clears_once_the_worker_is_ready(qtbot, window, models_root):
