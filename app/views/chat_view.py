@@ -17,7 +17,6 @@ from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QMenu,
     QSplitter,
     QToolButton,
@@ -43,6 +42,7 @@ from app.views.chat_parts import (
     write_in_background,
 )
 from app.views.chat_transcript import Transcript
+from app.views.elided import ElidedLabel
 
 NEW_TITLE = "New chat"
 
@@ -82,7 +82,7 @@ class ChatView(ContextFitting, QWidget):
 
     def _build(self) -> None:
         self.conversations = ConversationList(self.ctx, self)
-        self.title = named(QLabel(""), "chatTitle")
+        self.title = named(ElidedLabel(""), "chatTitle")
         self.settings_toggle = named(QToolButton(), "chatSettingsToggle")
         self.settings_toggle.setText("Settings")
         self.settings_toggle.setCheckable(True)
