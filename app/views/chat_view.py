@@ -45,6 +45,7 @@ from app.views.chat_transcript import Transcript
 from app.views.elided import ElidedLabel
 
 NEW_TITLE = "New chat"
+OPEN_KEY = "chat/open_conversation"
 
 
 def ask_save_path(parent: QWidget | None, suggested: Path) -> Path | None:
@@ -76,7 +77,9 @@ class ChatView(ContextFitting, QWidget):
         self._build()
         self._connect()
         listed = self.store.list_conversations()
-        self.open_conversation(listed[0].id if listed else None)
+        last = ctx.settings.value(OPEN_KEY, 0)  # the chat open when the app closed
+        self.open_conversation(last if any(c.id == last for c in listed) else
+                               listed[0].id if listed else None)
 
     # --- building -------------------------------------------------------------------------
 
@@ -176,6 +179,8 @@ class ChatView(ContextFitting, QWidget):
     def open_conversation(self, conv_id: int | None) -> None:
         """Show ``conv_id`` (None: nothing yet; the first message starts a chat)."""
         self._conv = self.store.conversation(conv_id) if conv_id is not None else None
+        if self._conv is not None:
+            self.ctx.settings.set_value(OPEN_KEY, self._conv.id)  # reopened next time
         self._cancel_edit()
         self.banner.hide()
         conv = self._conv
@@ -410,8 +415,9 @@ class ChatView(ContextFitting, QWidget):
         self.exported.emit(path)
 
     def _on_down(self, reason: str) -> None:
-        self.notice.say(f"The worker stopped ({reason}). Your chats are saved; you can "
-                          "send again when it is back.")
+        # the reason is a sentence of its own (with brackets of its own): not put in more
+        self.notice.say(f"The worker stopped. {reason.strip()} Your chats are saved; you "
+                        "can send again when it is back.")
 
     def _on_ready(self) -> None:
         self.notice.say("")
