@@ -69,6 +69,9 @@ def run_gui(args: argparse.Namespace) -> int:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     ctx = AppContext(AppPaths.default())
+    from app.theme import apply_theme, saved_theme
+
+    apply_theme(saved_theme(ctx.settings), app)  # before the first paint
     window = MainWindow(ctx)
     window.show()
     if os.environ.get("ONNX_LOCAL_LLM_TIMING"):  # bench/gui.py reads these lines
