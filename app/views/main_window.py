@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QEvent, QObject, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QDockWidget,
     QFrame,
@@ -54,10 +54,14 @@ VIEWS: tuple[tuple[str, str, QStyle.StandardPixmap, str, str], ...] = (
 class Banner(QWidget):
     """One line of news across the top: info, warning or error, with details on demand.
     It lies over the top of the page (the page does not move) and is as wide as the
-    page: its text wraps, it never widens the window."""
+    page: its text wraps, it never widens the window. News (info) goes by itself after
+    ``INFO_MS``; a warning or an error stays until dismissed."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    INFO_MS = 10_000
+
+    def __init__(self, parent: QWidget | None = None, over: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.over = over  # the widget it lies over (default: all of its parent)
         self.setObjectName("banner")
         column = QVBoxLayout(self)
         column.setContentsMargins(8, 4, 8, 4)
@@ -80,12 +84,18 @@ class Banner(QWidget):
         self.details_button.toggled.connect(self._toggle_details)
         self.close_button.clicked.connect(self.hide)
         self.level = ""
+        self._expire = QTimer(self)
+        self._expire.setSingleShot(True)
+        self._expire.timeout.connect(self.hide)
+        self.setAutoFillBackground(True)
         self.hide()
-        if parent is not None:
-            parent.installEventFilter(self)
+        for watched in (parent, over):
+            if watched is not None:
+                watched.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.parentWidget() and event.type() == QEvent.Type.Resize:
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Move) and \
+                watched in (self.parentWidget(), self.over):
             self.place()
         return False
 
@@ -94,11 +104,12 @@ class Banner(QWidget):
         page = self.parentWidget()
         if page is None:
             return
-        width, layout = page.width(), self.layout()
+        area = self.over.geometry() if self.over is not None else page.rect()
+        width, layout = area.width(), self.layout()
         height = layout.totalHeightForWidth(width) if layout is not None and \
             layout.hasHeightForWidth() else self.sizeHint().height()
-        self.setGeometry(0, 0, width, min(max(height, self.sizeHint().height()),
-                                          max(page.height() // 2, 1)))
+        self.setGeometry(area.x(), area.y(), width,
+                         min(max(height, self.sizeHint().height()), max(area.height() // 2, 1)))
         self.raise_()
 
     def _toggle_details(self, shown: bool) -> None:
@@ -113,14 +124,15 @@ class Banner(QWidget):
         self.details_button.setVisible(bool(details))
         self.details_button.setChecked(False)
         self.setProperty("level", level)
-        self.setAutoFillBackground(True)
-        role = self.palette().ColorRole.AlternateBase if level == "info" else \
-            self.palette().ColorRole.ToolTipBase
-        palette = self.palette()
-        palette.setColor(self.backgroundRole(), palette.color(role))
-        self.setPalette(palette)
+        # a role, not a colour: the banner follows a change of theme while it shows
+        self.setBackgroundRole(QPalette.ColorRole.AlternateBase if level == "info" else
+                               QPalette.ColorRole.ToolTipBase)
         self.show()
         self.place()
+        if level == "info":
+            self._expire.start(self.INFO_MS)
+        else:
+            self._expire.stop()
 
 
 class MainWindow(QMainWindow):
@@ -184,7 +196,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.stack, 1)
         outer.addLayout(row, 1)
         self.setCentralWidget(centre)
-        self.banner = Banner(centre)  # over the page, in no layout
+        self.banner = Banner(centre, over=self.stack)  # over the page, in no layout
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()

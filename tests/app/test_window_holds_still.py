@@ -77,7 +77,14 @@ def test_banners_lie_over_the_page_and_move_nothing(qtbot, window):
     assert chat.title.mapTo(window, QPoint(0, 0)) == top  # the page is not pushed down
     window.banner.details_button.setChecked(True)
     assert geometry(qtbot, window) == before
+    # over the page only: the rail of views stays in reach
+    assert window.banner.geometry().left() == window.stack.geometry().left()
+    assert window.banner.width() == window.stack.width()
     window.banner.close_button.click()
+    assert geometry(qtbot, window) == before
+    # news goes by itself (it covers the top of the page); warnings wait to be dismissed
+    window.banner.show_message("info", "The worker is running again.")
+    qtbot.waitUntil(lambda: not window.banner.isVisible(), timeout=60_000)
     assert geometry(qtbot, window) == before
 
 
