@@ -325,8 +325,9 @@ class WorkerProcess(QObject):
         if self._stopping is None:
             self._set_state("stopped")
             return
-        self._set_state("stopping")
-        if block:
+        if not block:
+            self._set_state("stopping")
+        else:
             stopping = self._stopping
             if not stopping.waitForFinished(max(0, self._kill.remainingTime())):
                 stopping.kill()

@@ -331,7 +331,8 @@ class MainWindow(QMainWindow):
 
     def set_worker_state(self, state: str) -> None:
         words = {"starting": "starting…", "ready": "ready", "restarting": "restarting…",
-                 "stopped": "stopped", "failed": "failed", "remote": "remote server"}
+                 "stopping": "stopping…", "stopped": "stopped", "failed": "failed",
+                 "remote": "remote server"}
         self.state_label.setText(f"Worker: {words.get(state, state)}")
         self.progress.setVisible(state in ("starting", "restarting"))
 
