@@ -95,9 +95,15 @@ class AppContext(QObject):
         self.remote_caps = caps
         self.remote_probed.emit(caps)
 
-    def shutdown(self) -> None:
+    def shutdown(self, block: bool = True) -> None:
+        """Stop the local worker (``block=False``: in the background; its ``state_changed``
+        says ``stopped`` once it is gone)."""
         if self.worker is not None:
-            self.worker.stop()
+            self.worker.stop(block=block)
+
+    def worker_gone(self) -> bool:
+        """No local worker process is left (none started, stopped, or never came up)."""
+        return self.worker is None or self.worker.state in ("stopped", "failed")
 
     def _on_ready(self, info: ReadyInfo) -> None:
         self.client.configure(info.url, self.settings.api_key or None, info.admin_token)

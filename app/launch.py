@@ -69,6 +69,9 @@ def run_gui(args: argparse.Namespace) -> int:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     ctx = AppContext(AppPaths.default())
+    from app.theme import apply_theme, saved_theme
+
+    apply_theme(saved_theme(ctx.settings), app)  # before the first paint
     window = MainWindow(ctx)
     window.show()
     if os.environ.get("ONNX_LOCAL_LLM_TIMING"):  # bench/gui.py reads these lines
@@ -90,10 +93,27 @@ def run_gui(args: argparse.Namespace) -> int:
             window.show_welcome()
 
     QTimer.singleShot(0, start_backend)
+    # the window closes at once; the app's process ends once its worker has stopped
+    # (SIGTERM, killed after a few seconds: app/worker.py), so none is left behind
+    app.setQuitOnLastWindowClosed(False)
+    window.closed.connect(lambda: quit_when_worker_gone(app, ctx))
     app.aboutToQuit.connect(window.save_state)
-    app.aboutToQuit.connect(ctx.shutdown)
+    app.aboutToQuit.connect(ctx.shutdown)  # a signal's quit: the window may still be open
     quit_on_signals(app)
     return app.exec()
+
+
+def quit_when_worker_gone(app: Any, ctx: Any) -> None:
+    """Quit the event loop once the worker has stopped (at once when there is none)."""
+    from PySide6.QtCore import QTimer
+
+    def check(*_args: Any) -> None:
+        if ctx.worker_gone():
+            app.quit()
+
+    if ctx.worker is not None:
+        ctx.worker.state_changed.connect(check)
+    QTimer.singleShot(0, check)  # after the window's own stop request
 
 
 def quit_on_signals(app: Any) -> None:

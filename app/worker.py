@@ -28,6 +28,9 @@ BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
 #: port) is not started again until the user asks.
 MAX_START_FAILURES = 5
 STDERR_LINES = 40
+#: How long a stopping worker may take to finish (after SIGTERM) before it is killed.
+#: Nothing is lost by the kill: the app writes every message to its store as it comes.
+STOP_WAIT_MS = 5000
 
 
 #: The worker reads its API key from this variable (``python -m engine serve --help``).
@@ -135,7 +138,7 @@ def diagnose(exit_code: int, crashed: bool, stderr_tail: list[str]) -> str:
 class WorkerProcess(QObject):
     """One local worker; ``start`` it, it keeps itself running until ``stop``."""
 
-    state_changed = Signal(str)  # starting | ready | restarting | stopped | failed
+    state_changed = Signal(str)  # starting | ready | restarting | stopping | stopped | failed
     ready = Signal(object)  # ReadyInfo
     died = Signal(object)  # Crash
     log_line = Signal(str)  # each stderr line
@@ -154,6 +157,13 @@ class WorkerProcess(QObject):
         self._restart = QTimer(self)
         self._restart.setSingleShot(True)
         self._restart.timeout.connect(self._launch)
+        self._stopping: QProcess | None = None  # told to stop, not yet gone
+        #: how the worker stopped last ended: its exit code (a clean stop: 0), None for
+        #: a crash or a kill
+        self.stopped_with: int | None = None
+        self._kill = QTimer(self)
+        self._kill.setSingleShot(True)
+        self._kill.timeout.connect(self._kill_stopping)
 
     @property
     def pid(self) -> int | None:
@@ -273,6 +283,13 @@ class WorkerProcess(QObject):
 
     def _on_finished(self, proc: QProcess, code: int, status: QProcess.ExitStatus) -> None:
         proc.deleteLater()
+        if proc is self._stopping:  # stopped on purpose, in the background
+            self._stopping = None
+            self.stopped_with = code if status == QProcess.ExitStatus.NormalExit else None
+            self._kill.stop()
+            if self._proc is None:
+                self._set_state("stopped")
+            return
         if proc is not self._proc:
             return  # an old worker we stopped on purpose
         self._read_stderr(proc)
@@ -295,17 +312,43 @@ class WorkerProcess(QObject):
             delay = BACKOFF_S[min(self._start_failures, len(BACKOFF_S) - 1)]
             self._restart.start(int(delay * 1000))
 
-    def _shutdown(self, proc: QProcess, wait_ms: int = 5000) -> None:
+    def _shutdown(self, proc: QProcess, wait_ms: int = STOP_WAIT_MS) -> None:
         self._proc = None
         proc.terminate()  # SIGTERM: the worker finishes in-flight requests and exits 0
         if not proc.waitForFinished(wait_ms):
             proc.kill()
             proc.waitForFinished(1000)
 
-    def stop(self, wait_ms: int = 5000) -> None:
-        """Stop cleanly (SIGTERM, then kill after ``wait_ms``)."""
+    def stop(self, wait_ms: int = STOP_WAIT_MS, block: bool = True) -> None:
+        """Stop cleanly: SIGTERM, then kill after ``wait_ms``. ``block=False`` returns at
+        once (state ``stopping``; ``stopped`` once the process is gone): the window can
+        close while the worker finishes. A blocking stop also waits for one under way."""
         self._restart.stop()
-        if self._proc is not None:
-            self._shutdown(self._proc, wait_ms)
-        self.info = None
-        self._set_state("stopped")
+        proc, self._proc, self.info = self._proc, None, None
+        if proc is not None:
+            proc.terminate()  # SIGTERM: the worker finishes in-flight requests and exits 0
+            if self._stopping is not None and self._stopping is not proc:
+                self._stopping.kill()  # an earlier stop still under way: no more waiting
+            self._stopping = proc
+            if not self._kill.isActive():
+                self._kill.start(wait_ms)
+        if self._stopping is None:
+            self._set_state("stopped")
+            return
+        if not block:
+            self._set_state("stopping")
+        else:
+            stopping = self._stopping
+            if not stopping.waitForFinished(max(0, self._kill.remainingTime())):
+                stopping.kill()
+                stopping.waitForFinished(1000)
+            if self._stopping is stopping:  # its finished signal was not delivered
+                self._stopping = None
+                self.stopped_with = stopping.exitCode() if stopping.exitStatus() == \
+                    QProcess.ExitStatus.NormalExit else None
+                self._kill.stop()
+                self._set_state("stopped")
+
+    def _kill_stopping(self) -> None:
+        if self._stopping is not None:
+            self._stopping.kill()  # its finished signal ends the stop

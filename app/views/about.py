@@ -2,7 +2,8 @@
 PySide6, Python), whether the engine's own decode-attention kernel is in use, and the
 built-in model's licence and where it comes from, read from the files in its folder
 (``resources/models/smollm2-135m-instruct``): ``LICENSE``, ``PROVENANCE.md`` when there is
-one, ``MODEL_CARD.md``. What the folder lacks is said, not guessed."""
+one, ``MODEL_CARD.md`` (Markdown rendered, every line wrapped to the dialog's width). What
+the folder lacks is said, not guessed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from importlib import metadata
 from pathlib import Path
 
 from PySide6 import __version__ as pyside_version
-from PySide6.QtCore import qVersion
+from PySide6.QtCore import Qt, qVersion
+from PySide6.QtGui import QTextDocument, QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
 
 from app.paths import resources_dir
@@ -66,11 +68,25 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _excerpt(text: str) -> str:
+_FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)
+_BODY = re.compile(r"<body[^>]*>(.*)</body>", re.DOTALL)
+
+
+def _excerpt(text: str, markdown: bool) -> str:
+    """The first lines of a file as HTML: Markdown rendered (headings, lists, tables,
+    links; a card's YAML header left out), plain text as paragraphs. Lines wrap."""
+    if markdown:
+        text = _FRONT_MATTER.sub("", text.lstrip())
     lines = text.strip().splitlines()
     more = len(lines) > EXCERPT_LINES
-    body = "\n".join(lines[:EXCERPT_LINES]) + ("\n…" if more else "")
-    return f"<pre>{html.escape(body)}</pre>"
+    body = "\n".join(lines[:EXCERPT_LINES]) + ("\n\n…" if more else "")
+    if not markdown:
+        paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", body))
+        return "".join(f"<p>{html.escape(p)}</p>" for p in paragraphs if p)
+    document = QTextDocument()
+    document.setMarkdown(body)
+    match = _BODY.search(document.toHtml())
+    return match.group(1) if match else f"<p>{html.escape(body)}</p>"
 
 
 def model_section(folder: Path) -> str:
@@ -87,10 +103,11 @@ def model_section(folder: Path) -> str:
         name = match.group(1) if match else None
     parts.append(f"<p>Licence: <b>{html.escape(name or 'not stated in its files')}</b>"
                  + ("" if licence else " (the folder has no LICENSE file)") + "</p>")
-    for title, text in (("Where it comes from (PROVENANCE.md)", provenance),
-                        ("Model card (MODEL_CARD.md)", card), ("LICENSE", licence)):
+    for title, text, markdown in (("Where it comes from (PROVENANCE.md)", provenance, True),
+                                  ("Model card (MODEL_CARD.md)", card, True),
+                                  ("LICENSE", licence, False)):
         if text:
-            parts.append(f"<h4>{title}</h4>{_excerpt(text)}")
+            parts.append(f"<h4>{title}</h4>{_excerpt(text, markdown)}")
     if not (licence or card or provenance):
         files = sorted(p.name for p in folder.iterdir())
         parts.append("<p>The folder has no LICENSE, PROVENANCE.md or MODEL_CARD.md; it holds: "
@@ -125,6 +142,9 @@ class AboutDialog(QDialog):
         self.text = QTextBrowser(self)
         self.text.setObjectName("aboutText")
         self.text.setOpenExternalLinks(True)
+        # long words (hashes, paths) break anywhere rather than scroll the text sideways
+        self.text.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        self.text.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.text.setHtml(about_html(folder))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
         buttons.rejected.connect(self.reject)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QWidget
 
 from app.client import ApiFailure
@@ -14,24 +15,42 @@ from app.context import AppContext
 
 LOADED_MARK = "● "
 LOAD_TIMEOUT_MS = 300_000
+WAITING = "waiting for the worker…"
+#: The picker's width in characters, whatever it lists (longer names end in "…", whole in
+#: the tooltip): a worker restart or a long model name never moves the header.
+WIDTH_CHARS = 20
+TIP = "The model that answers: the loaded one is marked ●; pick another to load it"
 
 
 class ModelPicker(QComboBox):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chatModelPicker")
-        self.setToolTip("The model that answers: the loaded one is marked ●; pick another "
-                        "to load it")
-        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        self.setMinimumContentsLength(18)
+        self.setToolTip(TIP)
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(WIDTH_CHARS)
         self.ctx = ctx
         self.loading: str | None = None
         self.activated.connect(self._on_picked)
+        self.currentIndexChanged.connect(self._tip)
         ctx.model_changed.connect(lambda _card: self.refresh())
         ctx.remote_probed.connect(lambda _caps: self.refresh())
-        ctx.down.connect(lambda _why: self._show([], "no model: the worker is not running"))
-        self._show([], "waiting for the worker…")
+        ctx.down.connect(self._on_down)
+        self._show([], WAITING)
         self.refresh()
+
+    def _worker_coming(self) -> bool:
+        worker = self.ctx.worker
+        return worker is not None and worker.state in ("starting", "restarting")
+
+    def _on_down(self, _why: str) -> None:
+        self._show([], WAITING if self._worker_coming() else
+                   "no model: the worker is not running")
+
+    def _tip(self, index: int) -> None:
+        text = self.itemText(index) if index >= 0 else ""
+        detail = self.itemData(index, Qt.ItemDataRole.ToolTipRole) if index >= 0 else None
+        self.setToolTip(f"{text}\n{detail or TIP}" if text else TIP)
 
     def entries(self) -> list[tuple[str, str, bool]]:
         """(shown text, what picking it loads, loaded) for each item."""
@@ -50,8 +69,13 @@ class ModelPicker(QComboBox):
             return
         reply = self.ctx.client.get("/v1/library", admin=True)
         reply.finished.connect(self._on_library)
-        reply.failed.connect(lambda f: self._show([], f"the library could not be read: "
-                                                      f"{f.message}"))
+        reply.failed.connect(self._on_library_failed)
+
+    def _on_library_failed(self, failure: ApiFailure) -> None:
+        if self._worker_coming():
+            self._show([], WAITING)
+        else:
+            self._show([], "the library could not be read", failure.message)
 
     def _on_library(self, body: Any) -> None:
         models = body.get("models") if isinstance(body, dict) else None
@@ -59,11 +83,13 @@ class ModelPicker(QComboBox):
                  for m in models or [] if isinstance(m, dict) and m.get("path")]
         self._show(items, "no model in the library: add a folder in Models")
 
-    def _show(self, items: list[tuple[str, str, bool]], empty: str) -> None:
+    def _show(self, items: list[tuple[str, str, bool]], empty: str, why: str = "") -> None:
         self.blockSignals(True)
         self.clear()
         if not items:
             self.addItem(empty, None)
+            if why:
+                self.setItemData(0, why, Qt.ItemDataRole.ToolTipRole)
         current = 0
         for n, (name, key, loaded) in enumerate(items):
             self.addItem((LOADED_MARK if loaded else "") + name, key)
@@ -71,6 +97,7 @@ class ModelPicker(QComboBox):
                 current = n
         self.setCurrentIndex(current)
         self.blockSignals(False)
+        self._tip(current)
 
     def _on_picked(self, index: int) -> None:
         key = self.itemData(index)

@@ -18,7 +18,6 @@ from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QMenu,
     QSplitter,
     QToolButton,
@@ -44,8 +43,10 @@ from app.views.chat_parts import (
     write_in_background,
 )
 from app.views.chat_transcript import Transcript
+from app.views.elided import ElidedLabel
 
 NEW_TITLE = "New chat"
+OPEN_KEY = "chat/open_conversation"
 
 
 def ask_save_path(parent: QWidget | None, suggested: Path) -> Path | None:
@@ -77,13 +78,15 @@ class ChatView(ContextFitting, QWidget):
         self._build()
         self._connect()
         listed = self.store.list_conversations()
-        self.open_conversation(listed[0].id if listed else None)
+        last = ctx.settings.value(OPEN_KEY, 0)  # the chat open when the app closed
+        self.open_conversation(last if any(c.id == last for c in listed) else
+                               listed[0].id if listed else None)
 
     # --- building -------------------------------------------------------------------------
 
     def _build(self) -> None:
         self.conversations = ConversationList(self.ctx, self)
-        self.title = named(QLabel(""), "chatTitle")
+        self.title = named(ElidedLabel(""), "chatTitle")
         self.settings_toggle = named(QToolButton(), "chatSettingsToggle")
         self.settings_toggle.setText("Settings")
         self.settings_toggle.setCheckable(True)
@@ -193,6 +196,8 @@ class ChatView(ContextFitting, QWidget):
     def open_conversation(self, conv_id: int | None) -> None:
         """Show ``conv_id`` (None: nothing yet; the first message starts a chat)."""
         self._conv = self.store.conversation(conv_id) if conv_id is not None else None
+        if self._conv is not None:
+            self.ctx.settings.set_value(OPEN_KEY, self._conv.id)  # reopened next time
         self._cancel_edit()
         self.banner.hide()
         conv = self._conv
@@ -414,6 +419,11 @@ class ChatView(ContextFitting, QWidget):
         if conv_id == self.current_conversation_id():
             self._refresh_conversation()
 
+    def window_closing(self) -> None:
+        """The window closed (the worker stops next): an answer being written is saved
+        as interrupted, not as failed by the stop."""
+        self._on_quit()
+
     def _on_quit(self) -> None:
         if self._run is not None:
             self._run.stop("interrupted: the app closed")
@@ -423,8 +433,9 @@ class ChatView(ContextFitting, QWidget):
         self.exported.emit(path)
 
     def _on_down(self, reason: str) -> None:
-        self.notice.say(f"The worker stopped ({reason}). Your chats are saved; you can "
-                          "send again when it is back.")
+        # the reason is a sentence of its own (with brackets of its own): not put in more
+        self.notice.say(f"The worker stopped. {reason.strip()} Your chats are saved; you "
+                        "can send again when it is back.")
 
     def _on_ready(self) -> None:
         self.notice.say("")

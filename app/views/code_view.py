@@ -4,7 +4,8 @@ After typing pauses (``debounce_ms``, 250 by default; setting ``code/debounce_ms
 text before and after the cursor goes to the worker in llama.cpp's dialect, laid out as
 llama.vim does (the lines above as ``input_prefix``, the typed part of the line as
 ``prompt``, the rest as ``input_suffix``). The answer shows as grey ghost text at the
-cursor: Tab takes it, Esc drops it, typing replaces it. A model without FIM tokens works
+cursor: Tab takes it, Esc drops it, typing replaces it. Lines that are only a Markdown
+code fence are left out of a suggestion. A model without FIM tokens works
 too: the worker completes from the prefix alone and trims the answer by the suffix itself
 (``engine.text.fim_plain``), so the pane does not trim it again.
 
@@ -16,6 +17,7 @@ has, or in words why there is none (no model, the worker not answering, ...).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +137,7 @@ class CodeView(QWidget):
         self.editor.moveCursor(QTextCursor.MoveOperation.End)
         self.editor.document().contentsChanged.connect(self._on_edited)
         self.editor.accepted.connect(lambda _text: self._set_status("Suggestion taken."))
+        self.editor.dismissed.connect(lambda: self._set_status("Suggestion dropped."))
         ctx.model_changed.connect(self._on_model_changed)
         ctx.down.connect(self._on_down)
         ctx.ready.connect(lambda: self._set_status(READY_TEXT))
@@ -219,7 +222,7 @@ class CodeView(QWidget):
         else:
             item = answer[0] if isinstance(answer, list) and answer else answer
             item = item if isinstance(item, dict) else {}
-        text = trim_repetition(str(item.get("content") or "").rstrip())
+        text = trim_repetition(drop_fences(str(item.get("content") or "")).rstrip())
         if self._line_rest and item.get("fim_layout") != "prefix-only":
             # the worker trims prefix-only answers itself (engine.fim_trim), brackets aware
             text = fit_mid_line(text, self._line_rest)
@@ -294,6 +297,17 @@ def trim_repetition(text: str, min_repeats: int = 3, max_unit: int = 24) -> str:
             if rest == piece * whole + piece[:tail]:
                 return text[:start + unit].rstrip()
     return text
+
+
+_FENCE = re.compile(r"^[ \t]*(```+|~~~+)[\w+#.-]*[ \t]*$")
+
+
+def drop_fences(text: str) -> str:
+    """``text`` without lines that are only a Markdown code fence (```, ```js, ~~~): a
+    model that has seen chat answers may open or close one in the middle of code."""
+    lines = text.split("\n")
+    kept = [line for line in lines if not _FENCE.match(line)]
+    return text if len(kept) == len(lines) else "\n".join(kept)
 
 
 def fit_mid_line(text: str, rest: str) -> str:

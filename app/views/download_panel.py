@@ -61,6 +61,7 @@ class DownloadPanel(QGroupBox):
         self.bar.setValue(0)
         self.bar.setTextVisible(True)
         self.bar.setFormat("")
+        self.bar.hide()  # shown while a download runs
         self.status = named(QLabel(""), "download_status")
         self.status.setWordWrap(True)
         self._layout()
@@ -73,9 +74,10 @@ class DownloadPanel(QGroupBox):
         form.addRow("Repository", self.repo_edit)
         form.addRow("Subfolder", self.subfolder_edit)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.bar, 1)
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.bar, 8)
+        buttons.addStretch(1)
         box = QVBoxLayout(self)
         box.addLayout(form)
         box.addLayout(buttons)
@@ -113,6 +115,7 @@ class DownloadPanel(QGroupBox):
             self.status.setText("Cancelling…")
 
     def _set_running(self, running: bool) -> None:
+        self.bar.setVisible(running)
         self.start_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
         self.repo_edit.setEnabled(not running)

@@ -12,10 +12,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QByteArray, QEvent, QObject, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QDockWidget,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QStackedWidget,
     QStyle,
@@ -32,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.context import AppContext
 from app.views import named
+from app.views.elided import ElidedLabel
 from app.worker import Crash, ReadyInfo
 
 #: (key, label, icon, factory module path, class name)
@@ -49,13 +52,21 @@ VIEWS: tuple[tuple[str, str, QStyle.StandardPixmap, str, str], ...] = (
 
 
 class Banner(QWidget):
-    """One line of news across the top: info, warning or error, with details on demand."""
+    """One line of news across the top: info, warning or error, with details on demand.
+    It lies over the top of the page (the page does not move) and is as wide as the
+    page: its text wraps, it never widens the window. News (info) goes by itself after
+    ``INFO_MS``; a warning or an error stays until dismissed."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    INFO_MS = 10_000
+
+    def __init__(self, parent: QWidget | None = None, over: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.over = over  # the widget it lies over (default: all of its parent)
         self.setObjectName("banner")
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 4)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(8, 4, 8, 4)
+        layout = QHBoxLayout()
+        column.addLayout(layout)
         self.text = named(QLabel(), "bannerText")
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -68,10 +79,42 @@ class Banner(QWidget):
         self.details = named(QLabel(), "bannerDetailsText")
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(False)
-        self.details_button.toggled.connect(self.details.setVisible)
+        self.details.setWordWrap(True)
+        column.addWidget(self.details)
+        self.details_button.toggled.connect(self._toggle_details)
         self.close_button.clicked.connect(self.hide)
         self.level = ""
+        self._expire = QTimer(self)
+        self._expire.setSingleShot(True)
+        self._expire.timeout.connect(self.hide)
+        self.setAutoFillBackground(True)
         self.hide()
+        for watched in (parent, over):
+            if watched is not None:
+                watched.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Move) and \
+                watched in (self.parentWidget(), self.over):
+            self.place()
+        return False
+
+    def place(self) -> None:
+        """Across the top of the page, as tall as its text needs (at most half the page)."""
+        page = self.parentWidget()
+        if page is None:
+            return
+        area = self.over.geometry() if self.over is not None else page.rect()
+        width, layout = area.width(), self.layout()
+        height = layout.totalHeightForWidth(width) if layout is not None and \
+            layout.hasHeightForWidth() else self.sizeHint().height()
+        self.setGeometry(area.x(), area.y(), width,
+                         min(max(height, self.sizeHint().height()), max(area.height() // 2, 1)))
+        self.raise_()
+
+    def _toggle_details(self, shown: bool) -> None:
+        self.details.setVisible(shown)
+        self.place()
 
     def show_message(self, level: str, text: str, details: str = "") -> None:
         self.level = level
@@ -81,17 +124,20 @@ class Banner(QWidget):
         self.details_button.setVisible(bool(details))
         self.details_button.setChecked(False)
         self.setProperty("level", level)
-        self.setAutoFillBackground(True)
-        role = self.palette().ColorRole.AlternateBase if level == "info" else \
-            self.palette().ColorRole.ToolTipBase
-        palette = self.palette()
-        palette.setColor(self.backgroundRole(), palette.color(role))
-        self.setPalette(palette)
+        # a role, not a colour: the banner follows a change of theme while it shows
+        self.setBackgroundRole(QPalette.ColorRole.AlternateBase if level == "info" else
+                               QPalette.ColorRole.ToolTipBase)
         self.show()
+        self.place()
+        if level == "info":
+            self._expire.start(self.INFO_MS)
+        else:
+            self._expire.stop()
 
 
 class MainWindow(QMainWindow):
     view_created = Signal(str)
+    closed = Signal()  # the window closed (the worker stops behind it)
 
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -100,6 +146,7 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.resize(1200, 780)
         self.views: dict[str, QWidget] = {}
+        self._pages: dict[str, QScrollArea] = {}  # each view in its scroll area
         self._build_centre()
         self._build_status_bar()
         self._build_menus()
@@ -125,8 +172,6 @@ class MainWindow(QMainWindow):
         outer = QVBoxLayout(centre)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(0)
-        self.banner = Banner()
-        outer.addWidget(self.banner)
         row = QHBoxLayout()
         row.setSpacing(0)
         self.rail = named(QListWidget(), "rail")
@@ -151,13 +196,14 @@ class MainWindow(QMainWindow):
         row.addWidget(self.stack, 1)
         outer.addLayout(row, 1)
         self.setCentralWidget(centre)
+        self.banner = Banner(centre, over=self.stack)  # over the page, in no layout
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
-        self.model_label = named(QLabel("No model"), "statusModel")
-        self.device_label = named(QLabel(""), "statusDevice")
-        self.speed_label = named(QLabel(""), "statusSpeed")
-        self.state_label = named(QLabel("Worker: starting"), "statusWorker")
+        self.model_label = named(ElidedLabel("No model"), "statusModel")
+        self.device_label = named(ElidedLabel(""), "statusDevice")
+        self.speed_label = named(ElidedLabel(""), "statusSpeed")
+        self.state_label = named(ElidedLabel("Worker: starting"), "statusWorker")
         self.progress = named(QProgressBar(), "statusBusy")
         self.progress.setRange(0, 0)  # indeterminate
         self.progress.setMaximumWidth(120)
@@ -209,7 +255,16 @@ class MainWindow(QMainWindow):
             widget = self._make(spec[3], spec[4])
             widget.setObjectName(f"view_{key}")
             self.views[key] = widget
-            self.stack.addWidget(widget)
+            # a view wider or taller than the window scrolls: it never widens the window
+            page = named(QScrollArea(), f"page_{key}")
+            page.setWidgetResizable(True)
+            page.setFrameShape(QFrame.Shape.NoFrame)
+            page.setWidget(widget)
+            self._pages[key] = page
+            self.stack.addWidget(page)
+            widget.resize(self.stack.size())  # its size now, for the splitter's sizes
+            if (layout := widget.layout()) is not None:
+                layout.activate()
             self._restore_splitter(key, widget)
             self.view_created.emit(key)
         return self.views[key]
@@ -230,12 +285,17 @@ class MainWindow(QMainWindow):
 
     def show_view(self, key: str) -> QWidget:
         widget = self.view(key)
-        self.stack.setCurrentWidget(widget)
+        self.stack.setCurrentWidget(self._pages[key])
         for row in range(self.rail.count()):
             item = self.rail.item(row)
             if item.data(Qt.ItemDataRole.UserRole) == key and self.rail.currentRow() != row:
                 self.rail.setCurrentRow(row)
         return widget
+
+    def current_view(self) -> QWidget | None:
+        """The view shown now."""
+        page = self.stack.currentWidget()
+        return page.widget() if isinstance(page, QScrollArea) else None
 
     def _call(self, key: str, method: str, *args: Any) -> None:
         target = getattr(self.show_view(key), method, None)
@@ -271,7 +331,8 @@ class MainWindow(QMainWindow):
 
     def set_worker_state(self, state: str) -> None:
         words = {"starting": "starting…", "ready": "ready", "restarting": "restarting…",
-                 "stopped": "stopped", "failed": "failed", "remote": "remote server"}
+                 "stopping": "stopping…", "stopped": "stopped", "failed": "failed",
+                 "remote": "remote server"}
         self.state_label.setText(f"Worker: {words.get(state, state)}")
         self.progress.setVisible(state in ("starting", "restarting"))
 
@@ -348,6 +409,11 @@ class MainWindow(QMainWindow):
         splitter = getattr(widget, "splitter", None)
         sizes = self.ctx.settings.value(f"window/splitter_{key}", [])
         if isinstance(splitter, QSplitter) and sizes and all(isinstance(n, int) for n in sizes):
+            # the panes before the last keep their widths; the last takes what is left
+            # (setSizes alone would scale them all to a window of another size)
+            room = splitter.width() - splitter.handleWidth() * (len(sizes) - 1)
+            if len(sizes) > 1 and room > sum(sizes[:-1]):
+                sizes = [*sizes[:-1], room - sum(sizes[:-1])]
             splitter.setSizes(sizes)
 
     def save_state(self) -> None:
@@ -362,18 +428,24 @@ class MainWindow(QMainWindow):
             splitter = getattr(widget, "splitter", None)
             if isinstance(splitter, QSplitter):
                 s.set_value(f"window/splitter_{key}", splitter.sizes())
-        current = self.stack.currentWidget()
+        current = self.current_view()
         s.set_value("window/view", next((k for k, w in self.views.items() if w is current),
                                         "chat"))
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Close at once; the worker stops in the background (it may take seconds to
-        finish what it is doing: the window does not wait for it)."""
+        finish what it is doing: the window does not wait for it, and the event loop runs
+        on meanwhile)."""
         self.save_state()
         self._closing = True
         super().closeEvent(event)
         if event.isAccepted():
-            QTimer.singleShot(0, self.ctx.shutdown)
+            for view in self.views.values():  # an answer being written is saved as such
+                closing = getattr(view, "window_closing", None)
+                if callable(closing):
+                    closing()
+            QTimer.singleShot(0, functools.partial(self.ctx.shutdown, block=False))
+            self.closed.emit()
 
 
 def device_words(provider: Any) -> str:

@@ -258,7 +258,11 @@ class ModelsView(QWidget):
         self.remove_folder_button.setEnabled(kind == "folder")
         self.load_button.setEnabled(model is not None and model.complete
                                     and not self.is_loaded(model))
-        self.remove_button.setEnabled(model is not None)
+        # the built-in model ships with the app: it cannot be removed (nor deleted)
+        builtin = model is not None and model.source == "builtin"
+        self.remove_button.setEnabled(model is not None and not builtin)
+        self.remove_button.setToolTip("The built-in model comes with the app and stays in "
+                                      "the library" if builtin else "")
         self.unload_button.setEnabled(self.ctx.model is not None)
 
     def _alive(self, fn: Callable[..., None]) -> Callable[..., None]:
@@ -398,7 +402,7 @@ class ModelsView(QWidget):
     def remove_selected(self) -> None:
         """Hide the model; delete its files only when the user confirms."""
         model = self.selected_model()
-        if model is None:
+        if model is None or model.source == "builtin":
             return
         if self.is_loaded(model):
             self.ctx.notice.emit("warning", f"{model.name} is loaded: unload it first")

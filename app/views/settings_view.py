@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.context import AppContext
+from app.theme import THEME_KEY, THEME_LABELS, THEMES, apply_theme, saved_theme
 from app.views import named
 from engine import installed_ort_variants
 
@@ -50,6 +51,7 @@ class SettingsView(QWidget):
         super().__init__(parent)
         self.ctx = ctx
         layout = QVBoxLayout(self)
+        layout.addWidget(self._look_box())
         layout.addWidget(self._worker_box())
         layout.addWidget(self._remote_box())
         layout.addWidget(self._paths_box())
@@ -69,6 +71,24 @@ class SettingsView(QWidget):
         ctx.ready.connect(self._on_restarted)
         ctx.remote_probed.connect(lambda caps: self.result.setText(caps.words()))
         self.load()
+
+    def _look_box(self) -> QGroupBox:
+        box = QGroupBox("Appearance")
+        form = QFormLayout(box)
+        self.theme = named(QComboBox(), "theme")
+        for key in THEMES:
+            self.theme.addItem(THEME_LABELS[key], key)
+        self.theme.setCurrentIndex(THEMES.index(saved_theme(self.ctx.settings)))
+        self.theme.setToolTip("Light or dark colours; As the system follows the desktop's "
+                              "choice. Applies at once.")
+        self.theme.currentIndexChanged.connect(self._on_theme)
+        form.addRow("Colours", self.theme)
+        return box
+
+    def _on_theme(self, index: int) -> None:
+        theme = str(self.theme.itemData(index))
+        self.ctx.settings.set_value(THEME_KEY, theme)
+        apply_theme(theme)
 
     def _worker_box(self) -> QGroupBox:
         box = QGroupBox("Local worker")

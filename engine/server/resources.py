@@ -48,6 +48,8 @@ router = APIRouter(tags=["App"])
 _TIER_OF_FLAG = {flag: tier for tier, flag in LIMIT_FLAGS.items()}
 #: How long a snapshot may wait for the engine thread before the reported figures are used.
 _FRESH_WAIT_S = 1.0
+#: How often a paused stream looks whether the server is stopping (seconds).
+_STOP_CHECK_S = 0.05
 
 
 def kv_figures(engine: Engine, registry: SessionRegistry) -> dict[str, Any]:
@@ -104,6 +106,14 @@ async def resources(ctx: Ctx) -> dict[str, Any]:
     return await current_resources(ctx)
 
 
+async def _pause(ctx: ServerContext, seconds: float) -> None:
+    """Sleep ``seconds``, or less once the server begins to stop."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while not ctx.stopping.is_set() and (left := end - loop.time()) > 0:
+        await asyncio.sleep(min(left, _STOP_CHECK_S))
+
+
 @router.get("/v1/resources/stream", response_model=None)
 async def resources_stream(
     ctx: Ctx,
@@ -115,7 +125,7 @@ async def resources_stream(
     async def events() -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         due, sent = loop.time(), 0
-        while max_events is None or sent < max_events:
+        while (max_events is None or sent < max_events) and not ctx.stopping.is_set():
             try:
                 payload = await current_resources(ctx, min(interval_s, _FRESH_WAIT_S))
             except WorkerStoppedError:
@@ -124,7 +134,7 @@ async def resources_stream(
             sent += 1
             due = max(due + interval_s, loop.time())
             if max_events is None or sent < max_events:
-                await asyncio.sleep(due - loop.time())
+                await _pause(ctx, due - loop.time())
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -100,9 +100,23 @@ def url_of(sock: socket.socket) -> str:
 class WorkerServer(uvicorn.Server):
     """uvicorn's server, plus the ready line, and an exit code of 0 after a signal."""
 
-    def __init__(self, config: uvicorn.Config, ready: dict[str, Any] | None) -> None:
+    def __init__(self, config: uvicorn.Config, ready: dict[str, Any] | None,
+                 stopping: threading.Event | None = None) -> None:
+        self._stopping = stopping
         super().__init__(config)
         self._ready = ready
+
+    @property
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        """Whichever way a stop begins (a signal, the parent gone, a test), ``stopping``
+        says so at once (ServerContext.stopping: endless streams end)."""
+        self._should_exit = value
+        if value and self._stopping is not None:
+            self._stopping.set()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -178,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
              "admin_token_file": str(config.admin_token_file),
              "log_file": None if log_file is None else str(log_file)}
     log_startup(config, ctx, ready["url"], log_file)
-    server = WorkerServer(uvicorn_config(app, config), ready)
+    server = WorkerServer(uvicorn_config(app, config), ready, ctx.stopping)
     if args.parent_pid:
         watch_parent(server, args.parent_pid)
     server.run(sockets=[sock])

@@ -4,6 +4,7 @@ cancel when the client leaves; SSE and NDJSON framing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ class ServerContext:
     models: ModelManager
     metrics: Metrics
     sessions: SessionRegistry = field(default_factory=SessionRegistry)
+    #: set once the server begins to stop: endless streams (resources) end then, so that
+    #: they do not hold a graceful stop until its deadline
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def submit(self, model: LoadedModel, request: GenerateRequest, *,
                limits: Limits = Limits(),  # noqa: B008

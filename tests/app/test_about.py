@@ -44,7 +44,33 @@ def test_about_shows_versions_and_the_models_licence_and_provenance(qtbot, paths
     assert qVersion() in text and pyside_version in text and "0.1.0" in text
     assert "Licence: Apache-2.0" in text
     assert "From HuggingFaceTB/SmolLM2-135M-Instruct." in text
-    assert "# SmolLM2-135M" in text and "Apache License" in text
+    assert "SmolLM2-135M" in text and "Apache License" in text
+    assert "license: apache-2.0" not in text  # the card's YAML header is not shown
+
+
+def test_about_renders_the_markdown_and_wraps_it(qtbot, paths, tmp_path, monkeypatch):
+    folder = tmp_path / about.BUILTIN_NAME
+    folder.mkdir()
+    sha = "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4" * 2
+    (folder / "PROVENANCE.md").write_text(
+        "# Provenance\n\nSource: **SmolLM2** " + "with a long line of words " * 30
+        + "\n\n| file | sha256 |\n|---|---|\n| `LICENSE` | `" + sha + "` |\n",
+        encoding="utf-8")
+    monkeypatch.setattr(about, "builtin_model_dir", lambda: folder)
+    win = MainWindow(AppContext(paths))
+    qtbot.addWidget(win)
+    win.show()
+    dialog = win.show_about()
+    assert isinstance(dialog, about.AboutDialog)
+    qtbot.waitExposed(dialog)
+    text = dialog.text.toPlainText()
+    assert "Provenance" in text and "# Provenance" not in text  # a heading, not its marks
+    assert "**SmolLM2**" not in text and "|---|" not in text
+    # nothing scrolls sideways: every line fits the dialog's width
+    bar = dialog.text.horizontalScrollBar()
+    assert bar.maximum() == 0
+    width = dialog.text.document().idealWidth()
+    assert width <= dialog.text.viewport().width()
 
 
 def test_about_says_what_the_models_folder_lacks(qtbot, paths, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog
 
@@ -59,7 +60,7 @@ def test_every_view_opens_and_the_status_bar_says_where_the_model_runs(qtbot, wi
     for key, *_ in VIEWS:
         view = window.show_view(key)
         assert type(view).__name__ != "QLabel", f"the {key} view failed to open"
-        assert window.stack.currentWidget() is view
+        assert window.current_view() is view
     assert window.model_label.text() == f"Model: {TINY}"
     assert window.device_label.text() == "Runs on: CPU"
     assert window.state_label.text() == "Worker: ready"
@@ -207,22 +208,21 @@ def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
     qtbot.addWidget(first)
     first.show()
     chat: Any = first.show_view("chat")
-    chat.splitter.setSizes([300, 420])
+    chat.splitter.setSizes([280, 420])
     first.show_view("code")
     first.toggle_gauges.setChecked(False)
     qtbot.waitUntil(lambda: not first.gauges_dock.isVisible())
-    first.resize(720, 520)  # inside the offscreen screen (800 x 600)
-    qtbot.waitUntil(lambda: first.height() == 520)
+    first.resize(790, 520)  # inside the offscreen screen (800 x 600)
+    qtbot.waitUntil(lambda: first.size() == QSize(790, 520))
     first.close()
     again = MainWindow(AppContext(paths))
     qtbot.addWidget(again)
     again.show()
-    assert again.stack.currentWidget() is again.views["code"]
-    # (the height: the width stops at the window's minimum, then at the 800-pixel screen)
-    assert again.height() == 520
+    assert again.current_view() is again.views["code"]
+    assert again.size() == QSize(790, 520)
     assert not again.toggle_gauges.isChecked()
     again_chat: Any = again.show_view("chat")
-    assert again_chat.splitter.sizes()[0] == 300  # the chat list's width
+    assert again_chat.splitter.sizes()[0] == 280  # the chat list's width
 
 
 def test_first_run_welcome_says_where_the_model_runs_and_where_chats_live(qtbot, window,
@@ -264,12 +264,22 @@ def test_quit_closes_the_window_at_once_and_stops_the_worker_after(qtbot, window
     worker = window.ctx.worker
     assert worker is not None and worker.pid is not None
     process = psutil.Process(worker.pid)
+    # the resources panel holds a stream open on the worker, as it does in use
+    qtbot.waitUntil(lambda: getattr(window.gauges_dock.widget(), "feed", None) is not None
+                    and window.gauges_dock.widget().feed.events > 0, timeout=30_000)
+    states: list[str] = []
+    worker.state_changed.connect(states.append)
     quit_action = next(a for a in window.findChildren(QAction) if a.text() == "Quit")
     quit_action.trigger()
     assert not window.isVisible()  # closed before the worker was even asked to stop
     assert process.is_running() and worker.state == "ready"
+    # the worker stops behind the closed window: the event loop is not held meanwhile
+    qtbot.waitUntil(lambda: "stopping" in states, timeout=30_000)
     qtbot.waitUntil(lambda: worker.state == "stopped", timeout=30_000)
+    assert states == ["stopping", "stopped"]
     assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    # a clean stop (exit code 0), not the kill a stop gets when it hangs
+    assert worker.stopped_with == 0
 
 
 def test_restarting_message_clears_once_the_worker_is_ready(qtbot, window, models_root):

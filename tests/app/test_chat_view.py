@@ -349,3 +349,33 @@ def test_keyboard_shift_enter_is_a_new_line_and_ctrl_l_focuses_the_input(qtbot, 
     qtbot.keyClick(view.conversations.search, Qt.Key.Key_L,
                    Qt.KeyboardModifier.ControlModifier)
     assert view.input.hasFocus()
+
+
+def test_the_chat_that_was_open_is_open_again_after_a_relaunch(qtbot, ctx, paths, view):
+    older = view.new_conversation()
+    answer(qtbot, view, lambda: view.send("the older chat"))
+    view.new_conversation()
+    answer(qtbot, view, lambda: view.send("the newer chat"))
+    view.conversations.select(older)  # the user goes back to the older one
+    assert view.current_conversation_id() == older
+    ctx.store = ChatStore(paths.chats_db)  # as after a quit and a relaunch
+    reopened = ChatView(ctx)
+    qtbot.addWidget(reopened)
+    assert reopened.current_conversation_id() == older
+    assert reopened.conversations.current_id() == older
+    assert texts(reopened)[0] == ("user", "the older chat")
+
+
+def test_the_worker_stopped_notice_says_why_without_brackets_in_brackets(qtbot, ctx, view):
+    from app.worker import diagnose
+
+    reason = diagnose(-9, True, [])
+    assert "(" in reason  # the diagnosis has brackets of its own
+    ctx.down.emit(reason)
+    said = view.notice.text()
+    assert reason in said
+    depth = deepest = 0
+    for char in said:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    assert deepest <= 1, said

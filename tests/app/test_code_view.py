@@ -64,9 +64,11 @@ def test_escape_dismisses_the_ghost_text_and_leaves_the_text(qtbot, ctx):
         qtbot.keyClicks(view.editor, "2 *")
     text = view.editor.toPlainText()
     with_ghost = view.editor.viewport().grab().toImage()
+    assert "Tab takes it" in view.status.text()
     qtbot.keyClick(view.editor, Qt.Key.Key_Escape)
     assert view.suggestion == ""
     assert view.editor.toPlainText() == text
+    assert view.status.text() == "Suggestion dropped."  # it no longer offers Tab
     without = view.editor.viewport().grab().toImage()
     assert with_ghost != without  # the grey text was painted, and is gone
     qtbot.keyClick(view.editor, Qt.Key.Key_Tab)  # no suggestion: Tab indents
@@ -142,6 +144,17 @@ def test_a_suggestion_that_ends_in_a_loop_is_kept_once():
     # real repeats are code, not loops: kept
     for code in ("[0, 0, 0, 0]", "1000000", "# ---------", "a = 1\nb = 2", "values)):"):
         assert trim_repetition(code) == code
+
+
+def test_a_suggestion_leaves_out_lines_that_are_only_a_code_fence():
+    from app.views.code_view import drop_fences
+
+    assert drop_fences("x = 1;\n```\nconsole.log(x);") == "x = 1;\nconsole.log(x);"
+    assert drop_fences("```javascript\nlet a = 2;\n  ```  \n") == "let a = 2;\n"
+    assert drop_fences("~~~\ny") == "y"
+    # a fence inside code (a Markdown string, a comment) is code: kept
+    for code in ('s = "```"', "# ``` fences", "x = 1\n\ny = 2"):
+        assert drop_fences(code) == code
 
 
 def test_a_mid_line_suggestion_is_one_line_without_the_text_already_there():

@@ -197,6 +197,16 @@ def test_remove_from_library_hides_and_deletes_only_when_confirmed(
                     timeout=20_000)
 
 
+def test_the_built_in_model_cannot_be_removed_from_the_library(qtbot, vctx):
+    view = make_view(qtbot, vctx)
+    row = view.table.row_of("smollm2-135m-instruct")
+    assert row >= 0, "the built-in model is listed"
+    view.table.selectRow(row)
+    assert view.selected_model() is not None and view.selected_model().source == "builtin"
+    assert not view.remove_button.isEnabled()
+    assert "comes with the app" in view.remove_button.toolTip()
+
+
 # --- downloads --------------------------------------------------------------------------------
 
 
@@ -219,12 +229,19 @@ def test_download_shows_progress_and_lands_a_verified_model(qtbot, vctx, hub, mo
     vctx.settings.set_value(ENDPOINT_KEY, hub.url)
     hub.chunk, hub.delay_s = 16 * 1024, 0.01
     view = make_view(qtbot, vctx)
+    view.show()
+    assert not view.download.bar.isVisible()  # no empty box beside Download
     values: list[int] = []
+    shown: list[bool] = []
     view.download.bar.valueChanged.connect(values.append)
+    view.download.bar.valueChanged.connect(lambda _v: shown.append(
+        view.download.bar.isVisible()))
     with qtbot.waitSignal(view.download.ended, timeout=30_000) as ended:
         start_download(view, REPO, SUB)
     assert ended.args[0] == "done", ended.args[1]
     assert len(set(values)) > 2 and values[-1] == 1000
+    assert all(shown)  # seen while it runs
+    assert not view.download.bar.isVisible()  # and gone once it ended
     target = vctx.paths.models_dir / "forge" / "tiny-onnx" / SUB
     for f in (models_root / TINY).iterdir():
         assert sha256(target / f.name) == sha256(f)

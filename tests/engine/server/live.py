@@ -40,7 +40,7 @@ class LiveServer:
         self.app = create_app(config, self.ctx)
         sock = bind("127.0.0.1", 0)
         self.url = url_of(sock)
-        self.server = WorkerServer(uvicorn_config(self.app, config), None)
+        self.server = WorkerServer(uvicorn_config(self.app, config), None, self.ctx.stopping)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                         daemon=True)
         self._thread.start()

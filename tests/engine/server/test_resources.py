@@ -184,3 +184,25 @@ def test_a_limit_change_does_not_wait_for_a_running_generation(slow_server):
     assert still_generating  # the change came back while the 120 tokens were being made
     finish = [e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict)]
     assert finish[-1] == "length"  # the generation went on to its end
+
+
+def test_the_stream_ends_when_the_server_begins_to_stop(model_dir: Path):
+    """An open resources stream (the app keeps one) must not hold a graceful stop until
+    its deadline: it ends, whole, as soon as the server is told to stop."""
+    import httpx
+
+    live = serve(model_dir)
+    try:
+        with live.client() as http, http.stream("GET", "/v1/resources/stream",
+                                                params={"interval_s": 0.2}) as response:
+            lines = response.iter_lines()
+            assert next(sse_events(lines))["state"] == "ready"
+            live.server.should_exit = True  # what SIGTERM and the parent watch do
+            try:
+                rest = list(sse_events(lines))  # to the stream's own end
+            except httpx.HTTPError as exc:  # cut off by the graceful stop's deadline
+                pytest.fail(f"the stream was cut off instead of ending: {exc!r}")
+        assert len(rest) <= 1  # the event under way, if any
+    finally:
+        live.stop()
+    assert not live._thread.is_alive()
