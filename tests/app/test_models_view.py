@@ -202,7 +202,8 @@ def test_the_built_in_model_cannot_be_removed_from_the_library(qtbot, vctx):
     row = view.table.row_of("smollm2-135m-instruct")
     assert row >= 0, "the built-in model is listed"
     view.table.selectRow(row)
-    assert view.selected_model() is not None and view.selected_model().source == "builtin"
+    selected = view.selected_model()
+    assert selected is not None and selected.source == "builtin"
     assert not view.remove_button.isEnabled()
     assert "comes with the app" in view.remove_button.toolTip()
 

@@ -4,6 +4,7 @@ at once and again at the next start."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
@@ -31,12 +32,12 @@ def test_settings_offers_system_light_and_dark_and_applies_at_once(qtbot, paths,
     win = MainWindow(AppContext(paths))
     qtbot.addWidget(win)
     win.show()
-    settings = win.show_view("settings")
+    settings: Any = win.show_view("settings")
     choice = settings.theme
     assert [choice.itemData(i) for i in range(choice.count())] == ["system", "light", "dark"]
     assert choice.currentData() == "system"  # the default: as the system
     choice.setCurrentIndex(choice.findData("dark"))
-    chat = win.show_view("chat")
+    chat: Any = win.show_view("chat")
     assert window_lightness() < 80
     qtbot.waitUntil(lambda: window_lightness(chat) < 80)  # every open widget follows
     assert window_lightness(win) < 80
