@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from PySide6.QtCore import QObject, Qt, QThreadPool, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
@@ -212,6 +213,12 @@ class SamplingPanel(QWidget):
         self.repetition_penalty.setSingleStep(0.05)
         self.repetition_penalty.setToolTip("Above 1.0, tokens already in the conversation "
                                            "become less likely: fewer repeated sentences")
+        # a reasoning model whose template takes enable_thinking (Qwen3): think first or not
+        self.think = named(QCheckBox("Think"), "thinkSwitch")
+        self.think.setChecked(True)
+        self.think.setToolTip("The model writes its reasoning first (shown folded above "
+                              "the answer); off: it answers at once")
+        self.think.hide()
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("System prompt", self.system_prompt)
@@ -221,6 +228,7 @@ class SamplingPanel(QWidget):
                            ("Max tokens", self.max_tokens)):
             row.addWidget(QLabel(label))
             row.addWidget(box)
+        row.addWidget(self.think)
         row.addStretch(1)
         form.addRow(row)
         self._loading = False
@@ -229,6 +237,13 @@ class SamplingPanel(QWidget):
         self.top_p.valueChanged.connect(self._emit)
         self.max_tokens.valueChanged.connect(self._emit)
         self.repetition_penalty.valueChanged.connect(self._emit)
+        self.think.toggled.connect(self._emit)
+
+    def set_model(self, card: dict[str, Any] | None) -> None:
+        """The Think switch shows for a model whose template takes ``enable_thinking``
+        (the worker's ``meta.reasoning``)."""
+        reasoning = ((card or {}).get("meta") or {}).get("reasoning") or {}
+        self.think.setVisible(bool(reasoning.get("switch")))
 
     def load(self, system_prompt: str, sampling: dict[str, Any]) -> None:
         self._loading = True
@@ -241,14 +256,21 @@ class SamplingPanel(QWidget):
             self.repetition_penalty.setValue(float(sampling.get(
                 "repetition_penalty", defaults["repetition_penalty"])))
             self.max_tokens.setValue(int(sampling.get("max_tokens", defaults["max_tokens"])))
+            kwargs = sampling.get("chat_template_kwargs") or {}
+            self.think.setChecked(bool(kwargs.get("enable_thinking", True)))
         finally:
             self._loading = False
 
     def sampling(self) -> dict[str, Any]:
-        return {"temperature": round(self.temperature.value(), 3),
-                "top_p": round(self.top_p.value(), 3),
-                "repetition_penalty": round(self.repetition_penalty.value(), 3),
-                "max_tokens": self.max_tokens.value()}
+        """The request's sampling fields (the Think switch as the template's variable)."""
+        fields: dict[str, Any] = {"temperature": round(self.temperature.value(), 3),
+                                  "top_p": round(self.top_p.value(), 3),
+                                  "repetition_penalty": round(self.repetition_penalty.value(),
+                                                              3),
+                                  "max_tokens": self.max_tokens.value()}
+        if not self.think.isHidden():
+            fields["chat_template_kwargs"] = {"enable_thinking": self.think.isChecked()}
+        return fields
 
     def _emit(self, *_args: object) -> None:
         if not self._loading:

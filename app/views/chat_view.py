@@ -149,6 +149,7 @@ class ChatView(ContextFitting, QWidget):
         self.ctx.down.connect(self._on_down)
         self.ctx.ready.connect(self._on_ready)
         self.ctx.model_changed.connect(self._on_model_changed)
+        self.settings.set_model(self.ctx.model)
         self.transcript.edit_requested.connect(self._start_edit)
         app = QCoreApplication.instance()
         if app is not None:  # an answer still streaming at exit is saved as interrupted
@@ -185,6 +186,7 @@ class ChatView(ContextFitting, QWidget):
 
     def _on_model_changed(self, card: Any) -> None:
         """A chat not started yet takes the new model's recommended sampling."""
+        self.settings.set_model(card)
         conv = self._conv
         if card is None or (conv is not None and self.store.messages(conv.id)):
             return

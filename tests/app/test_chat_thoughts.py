@@ -16,7 +16,7 @@ from app.store import ChatStore
 from app.views.main_window import MainWindow
 from tests.app.conftest import connected
 from tests.engine.server.live import LiveServer, serve
-from tests.engine.server.test_reasoning import MODEL, THOUGHT
+from tests.engine.server.test_reasoning import MODEL, QUICK, THOUGHT
 from tests.engine.server.test_reasoning import thinker_dir as thinker_dir
 
 
@@ -61,3 +61,16 @@ def test_thoughts_are_folded_above_the_answer_and_saved_apart(qtbot, window: Mai
     # reopened from the store (a relaunch): the same fold
     reloaded = chat.store.message(message.id)
     assert reloaded is not None and reloaded.thoughts == THOUGHT + "\n"
+
+
+def test_the_think_switch_asks_the_template_to_skip_the_thoughts(qtbot, window: MainWindow):
+    chat: Any = window.show_view("chat")
+    think = chat.settings.think
+    assert not think.isHidden() and think.isChecked()  # the template takes the switch
+    think.setChecked(False)
+    assert chat.settings.sampling()["chat_template_kwargs"] == {"enable_thinking": False}
+    with qtbot.waitSignal(chat.answer_finished, timeout=60_000) as done:
+        chat.send(QUICK[0]["content"])
+    message = done.args[0]
+    assert (message.content, message.thoughts) == ("Four.", "")
+    assert not chat.message_widgets()[-1].thoughts_button.isVisible()
