@@ -1,11 +1,18 @@
-"""The engine's C kernels (engine/kernels), an optional extension: the rest of setup is in
-pyproject.toml. Without a C compiler the install still succeeds and the engine runs ONNX
-Runtime's own kernels."""
+"""The packages, the shipped resources and the engine's C kernels; the rest of setup is in
+pyproject.toml.
+
+resources/ (the built-in model and the icons) stays where it is in the source tree and is
+installed as the package ``onnx_local_llm_resources`` (package data), so a wheel or
+``pip install .`` ships the model; engine.model.default_model.resources_dir finds it in
+every kind of install.
+
+The C kernels (engine/kernels) are an optional extension: without a C compiler the install
+still succeeds and the engine runs ONNX Runtime's own kernels."""
 
 import os
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -24,7 +31,15 @@ class BuildKernels(build_ext):
 
 flags = ["/O2"] if sys.platform == "win32" else ["-O3", "-fvisibility=hidden", "-Wall"]
 
+RESOURCES = "onnx_local_llm_resources"
+BUILTIN_MODEL = "models/smollm2-135m-instruct"
+
 setup(
+    packages=[*find_packages(include=["engine", "engine.*", "app", "app.*"]), RESOURCES],
+    package_dir={RESOURCES: "resources"},
+    # named files only: whatever else a checkout's resources/models holds stays out
+    package_data={RESOURCES: ["icons/*", f"{BUILTIN_MODEL}/*"],
+                  "engine.hub": ["*.json"]},  # the model catalog and its schema
     ext_modules=[Extension("engine.kernels._decode_attention",
                            sources=["engine/kernels/decode_attention.c"],
                            extra_compile_args=flags, optional=True)],

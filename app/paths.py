@@ -13,11 +13,11 @@ APP_NAME = "onnx-local-llm"
 
 
 def resources_dir() -> Path:
-    """``resources/`` of the source tree, or of the frozen bundle (PyInstaller)."""
-    frozen = getattr(sys, "_MEIPASS", None)
-    if frozen:
-        return Path(frozen) / "resources"
-    return Path(__file__).resolve().parents[1] / "resources"
+    """The shipped ``resources/`` (the built-in model, the icons) of the source tree, the
+    wheel install or the frozen bundle: ``engine.model.default_model.resources_dir``."""
+    from engine import resources_dir as shipped
+
+    return shipped()
 
 
 def engine_command(args: list[str]) -> tuple[str, list[str]]:

@@ -28,6 +28,7 @@ from engine.generation.sampling import CustomSampler, SamplerContext
 from engine.generation.stopping import FinishReason
 from engine.kernels import KernelStatus, KernelUse
 from engine.kernels import status as kernel_status
+from engine.model.default_model import default_model_dir, resources_dir
 from engine.model.folders import (
     FolderFacts,
     completeness_problem,
@@ -71,6 +72,7 @@ __all__ = [
     "TokenizerError",
     "UnsupportedModelError",
     "completeness_problem",
+    "default_model_dir",
     "find_model_dirs",
     "folder_size",
     "human_size",
@@ -79,4 +81,5 @@ __all__ = [
     "installed_ort_variants",
     "is_model_dir",
     "kernel_status",
+    "resources_dir",
 ]
