@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -46,11 +47,22 @@ def _run_worker(args: list[str]) -> int:
     return 0
 
 
+#: What ``python -m app`` says where Qt is not installed (the base install: the engine and
+#: its worker only).
+NO_QT = ("The desktop app needs Qt (PySide6), which this install does not have: the base "
+         "install is the engine and its worker. Install the app extra:\n"
+         "    pip install 'onnx-local-llm[cpu,app]'\n"
+         "(the worker alone runs without it: python -m engine serve)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["--worker"]:  # the frozen app starting its own worker
         return _run_worker(args_list[1:])
     args = _parser().parse_args(args_list)
+    if importlib.util.find_spec("PySide6") is None:
+        print(NO_QT, file=sys.stderr)
+        return 1
     if args.selftest and args.remote:  # the chat and the completion through that server
         from app.remote_check import run_remote_selftest
 
