@@ -13,6 +13,7 @@ from bench import peers
 from bench._peer_report import report
 from tests.forge.common import ForgeSpec
 from tests.forge.genai import write_genai_model
+from tests.peers import needs_onnxruntime_genai
 
 
 def test_speculative_items_are_in_no_training_set() -> None:
@@ -27,6 +28,7 @@ def test_the_split_check_catches_a_trained_on_function(monkeypatch: pytest.Monke
     assert problems and "training file" in problems[0]
 
 
+@needs_onnxruntime_genai
 def test_harness_runs_each_workload_on_a_forged_model(tmp_path: Path) -> None:
     model = write_genai_model(tmp_path / "model", ForgeSpec(context=4096))
     prompts = peers.prepare(model, tmp_path / "out", [8, 16], 8, edits=2, file_tokens=120)

@@ -111,8 +111,9 @@ def reference_logits(model_dir: Path, ids: list[int], *, threads: int = 1) -> np
 
 def og_greedy(model_dir: Path, prompt_ids: list[int], n: int, threads: int = 1) -> list[int]:
     """``n`` greedy tokens from onnxruntime-genai (EOS ignored: min_length = max_length)."""
-    import onnxruntime_genai as og
+    from tests.peers import onnxruntime_genai
 
+    og = onnxruntime_genai()
     config = og.Config(str(model_dir))
     overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
     config.overlay(json.dumps(overlay))

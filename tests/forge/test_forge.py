@@ -22,6 +22,7 @@ from tests.forge import (
     reference_logits,
     write_optimum_model,
 )
+from tests.peers import onnxruntime_genai
 
 PROMPT = [10, 20, 30, 40, 50, 60, 70]
 STEPS = 32
@@ -298,8 +299,7 @@ def test_quantize_int4_runs_in_both_runtimes(genai_model_dir: Path, tmp_path: Pa
 
 
 def test_onnxruntime_genai_tokenizer_agrees(genai_model_dir: Path) -> None:
-    import onnxruntime_genai as og
-
+    og = onnxruntime_genai()
     og_tok = og.Tokenizer(og.Model(str(genai_model_dir)))
     tok = load_tokenizer(genai_model_dir)
     for text in ("def f(n):\n    return n  # é 日本 🎉", "<|im_start|>user\nhi<|im_end|>\n"):

@@ -21,6 +21,7 @@ from engine import ChatMessage, Engine, EngineConfig, GenerateOptions, GenerateR
 from engine.model.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from tests.engine.equivalence import assert_follows_solo_up_to_a_near_tie
 from tests.forge.reference_loop import og_greedy
+from tests.peers import onnxruntime_genai
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "resources" / "models" / DEFAULT_MODEL_NAME
@@ -102,7 +103,7 @@ def test_onnxruntime_genai_gives_the_engines_greedy_tokens(engine: Engine) -> No
     order, and the int4 layers' int8 activations can turn a last-bit difference into a
     different token where the two best were nearly tied: the same tokens up to such a
     near-tie (tests/engine/equivalence.py)."""
-    pytest.importorskip("onnxruntime_genai")
+    onnxruntime_genai()
     assert MODEL is not None
     plain = Engine.load(MODEL, EngineConfig(intra_op_threads=2, own_kernels=False))
     n = 24

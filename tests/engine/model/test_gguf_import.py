@@ -21,6 +21,7 @@ from engine.errors import CancelledError, ModelLoadError, UnsupportedModelError
 from engine.model.gguf import Progress, import_gguf
 from tests.engine.model.gguf_forge import TinySpec, tokenizer_source, write_gguf
 from tests.engine.model.gguf_reference import reference_logits
+from tests.peers import onnxruntime_genai
 
 IDS = [5, 100, 200, 17, 300, 42, 7, 8, 9, 400, 3, 250]
 
@@ -191,7 +192,7 @@ def test_engine_chats_with_the_imported_folder(gguf_dir, tok_dir, tmp_path):
 @pytest.mark.parametrize("case", ["llama-Q8_0", "mistral-Q4_1-untied", "qwen2-Q4_0-bias",
                                   "qwen3-Q8_0-qknorm", "llama-Q6_K-untied"])
 def test_onnxruntime_genai_loads_the_folder_and_agrees(gguf_dir, tok_dir, tmp_path, case):
-    og = pytest.importorskip("onnxruntime_genai")
+    og = onnxruntime_genai()
     out = import_gguf(_gguf(gguf_dir, tok_dir, case), tmp_path / "m").out_dir
     model = og.Model(str(out))
     params = og.GeneratorParams(model)

@@ -11,8 +11,9 @@ import pytest
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.text.tokenizer import ChatMessage
 from tests.forge import ForgeSpec, write_genai_model
+from tests.peers import REASON
 
-og = pytest.importorskip("onnxruntime_genai")
+og = pytest.importorskip("onnxruntime_genai", reason=REASON)
 
 BOS = "<|endoftext|>"  # the forge's id 0: GPT-2 style, its own BOS
 PROMPTS = ["def f(x):\n    return x", "héllo wörld  ", "<|im_start|>user\nhi", " x", ""]
