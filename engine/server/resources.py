@@ -93,7 +93,7 @@ async def current_resources(ctx: ServerContext, wait_s: float = _FRESH_WAIT_S
     try:
         body = await asyncio.wait_for(ctx.worker.call(fresh), wait_s)
         return {**head, "fresh": True, **body}
-    except asyncio.TimeoutError:
+    except TimeoutError:
         def reported() -> dict[str, Any]:  # the governor is thread-safe
             return _body(engine.governor.snapshot(), engine, registry)
 
