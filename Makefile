@@ -1,4 +1,4 @@
-# Packaging. The build needs the package extra: .venv/bin/pip install -e '.[cpu,package]'
+# Packaging. The build needs the package extra: .venv/bin/pip install -e '.[cpu,app,package]'
 #   make package          the one-folder bundle in dist/onnx-local-llm/ and the .tar.gz
 #   make package-cuda     the same with onnxruntime-gpu (the cuda extra instead of cpu)
 #   make package-test     build, then run the bundle's self-test (tests/installer, slow)

@@ -57,7 +57,7 @@ def check_variant(cuda: bool, found: list[str] | None = None,
     extra = {"onnxruntime": "cpu", "onnxruntime-gpu": "cuda",
              "onnxruntime-directml": "directml"}[expected]
     fix = (f"pip uninstall -y {' '.join(found) or 'onnxruntime'} && "
-           f"pip install -e '.[{extra},package]'")
+           f"pip install -e '.[{extra},app,package]'")
     if found != [expected]:
         what = ", ".join(found) if found else "no ONNX Runtime"
         raise BuildError(f"this build needs exactly '{expected}' installed, found: {what}. "

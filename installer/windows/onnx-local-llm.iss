@@ -2,7 +2,7 @@
 ;
 ; Build (on Windows, in the repository root, from a fresh virtual environment):
 ;   py -3.11 -m venv .venv
-;   .venv\Scripts\pip install -e .[directml,package]
+;   .venv\Scripts\pip install -e .[directml,app,package]
 ;   bash installer/build        (or: .venv\Scripts\python installer\build.py)
 ; installer/build runs PyInstaller and then this script when iscc.exe is on PATH. By hand:
 ;   iscc /DAppVersion=0.1.0 installer\windows\onnx-local-llm.iss

@@ -262,7 +262,7 @@ def test_variant_check_refuses_the_wrong_or_several_variants() -> None:
         check_variant(True, ["onnxruntime"], "linux")
     with pytest.raises(BuildError, match="found: onnxruntime, onnxruntime-gpu"):
         check_variant(False, ["onnxruntime", "onnxruntime-gpu"], "linux")
-    with pytest.raises(BuildError, match="found: no ONNX Runtime.*directml,package"):
+    with pytest.raises(BuildError, match="found: no ONNX Runtime.*directml,app,package"):
         check_variant(False, [], "win32")
     with pytest.raises(ValueError, match="macOS"):
         cfg.expected_ort_variant("darwin", cuda=True)
