@@ -142,11 +142,17 @@ def test_logit_bias_is_honoured(client, engine):
                                       temperature=0, logit_bias={str(forced): 100})
     assert reply.choices[0].text == "x" * 5
     greedy = engine.generate(GenerateRequest(prompt="def f():", options=_greedy(1)))
-    first, banned = greedy.text, greedy.token_ids[0]
+    banned = greedy.token_ids[0]
+    bias = {banned: -100.0, 0: -100.0}
     other = client.completions.create(model=MODEL_NAME, prompt="def f():", max_tokens=1,
                                       temperature=0,
-                                      logit_bias={str(banned): -100, "0": -100})
-    assert other.choices[0].text != first
+                                      logit_bias={str(k): v for k, v in bias.items()})
+    # the forged tokenizer is trained on the standard library's sources, so on some Python
+    # versions both tokens are byte pieces that read alike ("\ufffd"): compare token ids
+    without = engine.generate(GenerateRequest(prompt="def f():", options=GenerateOptions(
+        temperature=0.0, max_new_tokens=1, logit_bias=bias)))
+    assert without.token_ids[0] not in (banned, 0)
+    assert other.choices[0].text == without.text
 
 
 def test_refusals_are_clear_4xx_answers(client):
