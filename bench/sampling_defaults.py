@@ -24,7 +24,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    when = datetime.now(UTC).strftime("%Y-%m-%d")
     print(f"# bare requests ({PROMPT!r}; no sampling field), {when}, "
           f"{platform.machine()}, python -m bench.sampling_defaults\n")
     _print(rows)

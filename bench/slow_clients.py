@@ -52,7 +52,7 @@ async def slow_client(host: str, port: int, every: float, give_up: float) -> dic
     try:
         answer = await asyncio.wait_for(reader.read(), give_up)  # until the worker closes
         closed_s = time.perf_counter() - start
-    except (asyncio.TimeoutError, ConnectionError):
+    except (TimeoutError, ConnectionError):
         pass
     finally:
         feeding.cancel()

@@ -134,8 +134,8 @@ def test_nothing_is_declared_for_run_time_that_the_code_does_not_import():
 
 
 @pytest.mark.parametrize(("dist", "floor", "why"), [
-    ("huggingface-hub", Version("2.0"), "app/download.py uses the 2.x API and catches "
-     "httpx2's errors, which huggingface_hub raises from 2.0 on"),
+    ("huggingface-hub", Version("2.0"), "engine/hub/download.py uses the 2.x API and "
+     "catches httpx2's errors, which huggingface_hub raises from 2.0 on"),
 ])
 def test_declared_floors_admit_no_version_the_code_cannot_use(dist, floor, why):
     project = _project()
