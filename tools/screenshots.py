@@ -5,6 +5,10 @@
 Starts a real worker on the built-in model (or ``--model DIR``), opens the main window,
 sends one chat message, asks the code pane for one completion, then grabs the window on
 each view. Uses a throwaway app home, so your own chats and settings are untouched.
+
+``--reasoning`` instead forges the test suite's scripted reasoning model (a Qwen3-like
+template; tests/engine/server/test_reasoning.py), asks it one question and writes
+``reasoning-folded.png`` and ``reasoning-open.png``: its thoughts folded, then opened.
 """
 
 from __future__ import annotations
@@ -46,8 +50,14 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model folder (default: the built-in model)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    parser.add_argument("--reasoning", action="store_true",
+                        help="the reasoning model's folded thoughts only")
     args = parser.parse_args()
     os.environ["ONNX_LOCAL_LLM_HOME"] = tempfile.mkdtemp(prefix="app-shots-")
+    if args.reasoning:
+        from tests.engine.server.test_reasoning import MODEL, forge_thinker
+
+        args.model = str(forge_thinker(Path(tempfile.mkdtemp(prefix="thinker-")) / MODEL))
     from PySide6.QtWidgets import QApplication
 
     from app.context import AppContext
@@ -70,6 +80,8 @@ def main() -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     chat: Any = window.show_view("chat")
+    if args.reasoning:
+        return reasoning_shots(app, window, chat, args.out)
     chat.send("Write a Python function that reverses a string.")
     wait_until(app, lambda: not chat.answering, 60)
     settle(app, 2.5)  # let the gauges gather a few points
@@ -96,6 +108,22 @@ def main() -> int:
             widget.grab().save(str(args.out / "welcome.png"))
             print(f"wrote {args.out / 'welcome.png'}")
     ctx.shutdown()
+    return 0
+
+
+def reasoning_shots(app: Any, window: Any, chat: Any, out: Path) -> int:
+    from tests.engine.server.test_reasoning import ASK
+
+    chat.settings.system_prompt.setPlainText("")  # the script's prompt has no system turn
+    chat.send(ASK[0]["content"])
+    wait_until(app, lambda: not chat.answering, 60)
+    settle(app, 1.0)
+    window.grab().save(str(out / "reasoning-folded.png"))
+    chat.message_widgets()[-1].thoughts_button.click()
+    settle(app, 0.5)
+    window.grab().save(str(out / "reasoning-open.png"))
+    print(f"wrote {out / 'reasoning-folded.png'} and reasoning-open.png")
+    window.ctx.shutdown()
     return 0
 
 

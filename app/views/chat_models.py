@@ -81,6 +81,12 @@ class ModelPicker(QComboBox):
         models = body.get("models") if isinstance(body, dict) else None
         items = [(str(m.get("name")), str(m.get("path")), bool(m.get("loaded")))
                  for m in models or [] if isinstance(m, dict) and m.get("path")]
+        card = self.ctx.model or {}
+        path = (card.get("meta") or {}).get("path")
+        if card.get("id") and path and not any(loaded for *_, loaded in items):
+            # a model loaded from outside the library (`--model DIR`) is still the one
+            # that answers: listed first, marked, never another model in its place
+            items.insert(0, (str(card["id"]), str(path), True))
         self._show(items, "no model in the library: add a folder in Models")
 
     def _show(self, items: list[tuple[str, str, bool]], empty: str, why: str = "") -> None:

@@ -48,3 +48,31 @@ def test_the_picker_lists_the_library_marks_the_loaded_model_and_loads_another(
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_model_loaded_from_outside_the_library_is_the_one_shown(
+        qtbot, paths, models_root, app_home, tmp_path):
+    import shutil
+
+    outside = shutil.copytree(models_root / TINY, tmp_path / "elsewhere" / "my-own-model")
+    proc, ready = start_worker(outside, [models_root], app_home)
+    try:
+        ctx = AppContext(paths)
+        ctx.client.configure(ready["url"], None, ready["admin_token"])
+        ctx.store = ChatStore(paths.chats_db)
+        view = ChatView(ctx)
+        qtbot.addWidget(view)
+        with qtbot.waitSignal(ctx.model_changed, timeout=10_000):
+            ctx.refresh_model()
+        picker = view.model_picker
+        qtbot.waitUntil(lambda: len(picker.entries()) == 3, timeout=10_000)
+        loaded = [text for text, _key, on in picker.entries() if on]
+        assert len(loaded) == 1 and "my-own-model" in loaded[0]
+        assert picker.currentText() == loaded[0]  # not a library model in its place
+        ctx.store.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

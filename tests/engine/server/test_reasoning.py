@@ -46,10 +46,9 @@ def _prompt_len(folder: Path, messages: Any, **kwargs: Any) -> int:
     return len(engine.encode_request(GenerateRequest(messages=tuple(messages), **kwargs)))
 
 
-@pytest.fixture(scope="module")
-def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("thinker")
-    folder = set_chat_template(write_model(root / MODEL, ForgeSpec(context=512)), TEMPLATE)
+def forge_thinker(folder: Path) -> Path:
+    """The scripted reasoning model at ``folder`` (also used by tools/screenshots.py)."""
+    folder = set_chat_template(write_model(folder, ForgeSpec(context=512)), TEMPLATE)
     tokenizer = Tokenizer.from_dir(folder)
     thinking = _prompt_len(folder, ASK)
     plain = _prompt_len(folder, QUICK, chat_template_kwargs={"enable_thinking": False})
@@ -59,6 +58,11 @@ def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                (plain, [*tokenizer.encode(PLAIN, parse_special=False), EOS_TOKEN_ID])]
     script_model(folder, make_table(512, ForgeSpec().vocab, scripts))
     return folder
+
+
+@pytest.fixture(scope="module")
+def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return forge_thinker(tmp_path_factory.mktemp("thinker") / MODEL)
 
 
 @pytest.fixture(scope="module")
