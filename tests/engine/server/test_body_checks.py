@@ -38,6 +38,8 @@ BASES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/models/unload"): {"model": "nothing-loaded-by-this-name"},
     ("put", "/v1/library/roots"): {"roots": ["/nonexistent"]},
     ("put", "/v1/limits"): {"vram": "auto"},
+    # only ever sent with a lone surrogate in it here: refused before any download starts
+    ("post", "/api/pull"): {"model": "nothing/such-repo", "stream": False},
 }
 Path = tuple[str | int, ...]
 
