@@ -100,7 +100,7 @@ def _ours_rates(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[
     has its first token (``steady``, onnxruntime-genai's static batch window) and from the
     submission to the last token (``end_to_end``, the prompts' prefill included)."""
     from engine import GenerateOptions, GenerateRequest
-    from engine.scheduler import Scheduler
+    from engine.scheduling.scheduler import Scheduler
 
     scheduler = Scheduler(engine)
     stamps: list[tuple[int, float]] = []

@@ -30,7 +30,7 @@ NEW_TOKENS = 128
 def _stream_rate(engine: Any, prompts: list[list[int]]) -> float:
     """Aggregate generated tokens/s of `prompts` run together, first token to last."""
     from engine import GenerateOptions, GenerateRequest
-    from engine.scheduler import Scheduler
+    from engine.scheduling.scheduler import Scheduler
 
     scheduler = Scheduler(engine)
     stamps: list[float] = []
@@ -51,7 +51,7 @@ def _stream_rate(engine: Any, prompts: list[list[int]]) -> float:
 
 def _fim_ttft(engine: Any, fim: list[int], chat: list[int] | None) -> float:
     from engine import GenerateOptions, GenerateRequest
-    from engine.scheduler import Scheduler
+    from engine.scheduling.scheduler import Scheduler
 
     scheduler = Scheduler(engine)
     results: dict[str, Any] = {}

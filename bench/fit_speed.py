@@ -22,7 +22,7 @@ from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.hub.bandwidth import measure
 from engine.hub.fit import assess
 from engine.hub.remote import ModelShape
-from engine.model.describe import inspect_model
+from engine.runtime.describe import inspect_model
 
 
 def main() -> None:

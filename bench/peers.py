@@ -139,7 +139,7 @@ def fim_prompts(tok: Any, edits: int, file_tokens: int) -> list[list[int]]:
     the layout is the prefix-only one (engine.fim_plain) with a budget that holds the
     whole prefix (the app's default budget, 512 tokens, would clip it)."""
     from bench.fim_edit import CURSOR_FRACTION, source_text
-    from engine.text.fim_plain import build_prefix_only_ids
+    from engine.generation.fim_plain import build_prefix_only_ids
 
     text = source_text(tok, file_tokens)
     cursor = int(len(text) * CURSOR_FRACTION)

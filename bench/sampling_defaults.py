@@ -113,7 +113,7 @@ def run_model(label: str, folder: Path, presets: Path | None) -> list[dict[str, 
                 source["max_new_tokens"] = max_source or "the rest of the context"
                 shown = {name: sources[where].get(name, {}).get("value") for name in COLUMNS}
                 # a prefix-only infill (a model without FIM tokens) hands top-k/top-p/min-p
-                # to its line-start sampler (engine.text.fim_sampler): not in the options
+                # to its line-start sampler (engine.generation.fim_sampler): not in the options
                 compared = ("temperature", "repetition_penalty") if where == "infill" else \
                     [n for n in COLUMNS if n != "max_new_tokens"]
                 agree = all(shown[n] is None or abs(float(shown[n]) - float(applied[n])) < 1e-9
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.machine()}, python -m bench.sampling_defaults\n")
     _print(rows)
     print("\n/infill on a model without FIM tokens: top-k, top-p and min-p go to its "
-          "line-start sampler (engine.text.fim_sampler), so the engine's own options show "
+          "line-start sampler (engine.generation.fim_sampler), so the engine's own options show "
           "0 / 1 / 0 there.")
     return 0
 

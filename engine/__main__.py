@@ -194,7 +194,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from engine.model.describe import inspect_model
+    from engine.runtime.describe import inspect_model
 
     report = inspect_model(args.model)
     if args.json:

@@ -2,16 +2,94 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError, InvalidPromptError
-from engine.generation.sampling import CustomSampler, TokenLogprob
-from engine.generation.speculative import SpeculativeStats
-from engine.generation.stopping import FinishReason
-from engine.text.tokenizer import ChatMessage
+
+# --- the small types the layers below fill in (the token loop, the sampler, the chat
+# template) and a request or a result carries: they live here, at the bottom, so that
+# the boundary imports nothing above it.
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat turn; ``apply_chat_template`` also accepts plain mappings."""
+
+    role: str
+    content: str
+
+
+FinishKind = Literal["max_tokens", "eos_token", "stop_sequence", "length", "cancelled",
+                     "json_complete"]
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    kind: FinishKind
+    #: Index into ``options.stop_sequences`` when ``kind == "stop_sequence"``.
+    stop_index: int | None = None
+
+    def __post_init__(self) -> None:
+        assert (self.kind == "stop_sequence") == (self.stop_index is not None), self
+
+    def __str__(self) -> str:
+        return f"stop_sequence({self.stop_index})" if self.kind == "stop_sequence" else self.kind
+
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    #: The best alternatives as (token id, logprob), most likely first; never -inf ones.
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class SamplerContext:
+    """What a custom sampler sees besides the logits."""
+
+    prompt_ids: tuple[int, ...]
+    #: The tokens generated so far in this request.
+    generated_ids: tuple[int, ...]
+    #: 0 for the first generated token, then 1, 2, ...
+    step: int
+
+
+#: A request's own token choice: ``(processed logits, context) -> token id``. It runs
+#: after the processor chain (penalties, bias, masks, temperature, truncation: masked
+#: tokens are -inf) and replaces the built-in sampler; it gets its own copy of the logits.
+CustomSampler = Callable[[np.ndarray, SamplerContext], int]
+
+
+@dataclass
+class SpeculativeStats:
+    proposed: int = 0
+    accepted: int = 0
+    forwards: int = 0
+    tokens: int = 0
+    #: Seconds spent in the proposer (what speculation costs when nothing matches).
+    propose_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"proposed": self.proposed, "accepted": self.accepted,
+                "forwards": self.forwards, "tokens": self.tokens,
+                "acceptance_rate": round(self.acceptance_rate, 4),
+                "tokens_per_forward": round(self.tokens_per_forward, 4),
+                "propose_ms": round(self.propose_s * 1e3, 3)}
 
 
 @dataclass(frozen=True)
@@ -39,7 +117,7 @@ class GenerateRequest:
     #: "off" leaves the output as it came.
     thoughts: Literal["open", "closed", "off"] | None = None
     #: Text taken off the prompt's end that the first generated tokens spell again (token
-    #: healing at a code completion's cursor, ``engine.text.fim_plain``). It belongs to the
+    #: healing at a code completion's cursor, ``engine.generation.fim_plain``). It belongs to the
     #: prompt, not the answer: stop strings are matched only after it.
     healed: str = ""
 

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.constraint import ConstraintSpec as ConstraintSpec
+from engine.constraint import JsonConstraintSpec as JsonConstraintSpec
 from engine.errors import InvalidOptionError
-from engine.generation.constraint import ConstraintSpec as ConstraintSpec
-from engine.generation.constraint import JsonConstraintSpec as JsonConstraintSpec
+from engine.sizes import parse_limit
 
 #: A stop sequence is text (matched on decoded output) or a run of token ids.
 StopSequence = str | tuple[int, ...]
@@ -254,8 +255,6 @@ class EngineConfig:
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
         _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
-        from engine.memory.limits import parse_limit
-
         parse_limit(self.vram_limit, field="vram_limit")
         parse_limit(self.host_ram_limit, field="host_ram_limit")
         if self.disk_limit is not None:

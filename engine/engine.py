@@ -17,12 +17,13 @@ from typing import Any
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
-from engine.core import Preemptor
 from engine.errors import (
     ContextOverflowError,
     InvalidPromptError,
 )
+from engine.generation.fim_plain import FimLines, stop_flag, trim_events, trimmer_for
 from engine.generation.mtp import MtpHead
+from engine.generation.prompt import encode_request, fim_request, stop_ids
 from engine.generation.request import RequestRun
 from engine.generation.spec_heads import DeclaredHead, load_declared_head
 from engine.kernels import KernelUse
@@ -36,13 +37,6 @@ from engine.kv.sessions import Session, SessionStore
 from engine.kv.tiers import KVTiers, model_identity
 from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
 from engine.memory.limits import parse_limit
-from engine.memory.pressure import (
-    apply_limit,
-    ensure_room,
-    grow_reservation,
-    page_admitter,
-    reservation,
-)
 from engine.model.io_spec import IOSpec, resolve_io
 from engine.model.model_dir import ModelDir, load_model_dir
 from engine.runtime.cuda_graph import (
@@ -65,15 +59,21 @@ from engine.runtime.providers import (
     pruned_graph,
 )
 from engine.runtime.runner import DecodeRunner
-from engine.scheduler import Scheduler
+from engine.scheduling.core import Preemptor
+from engine.scheduling.pressure import (
+    apply_limit,
+    ensure_room,
+    grow_reservation,
+    page_admitter,
+    reservation,
+)
+from engine.scheduling.scheduler import Scheduler
 from engine.text.fim import (
     FimFamily,
     FimFile,
     FimOrder,
     detect_fim_family,
 )
-from engine.text.fim_plain import FimLines, stop_flag, trim_events, trimmer_for
-from engine.text.prompt import encode_request, fim_request, stop_ids
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class Engine:
         return encode_request(self.tokenizer, request, self.spec.vocab_size)
 
     def stop_ids(self, request: GenerateRequest) -> tuple[int, ...]:
-        """The token ids that end this request (``engine.text.prompt.stop_ids``)."""
+        """The token ids that end this request (``engine.generation.prompt.stop_ids``)."""
         return stop_ids(self.tokenizer, request, self.eos_token_ids)
 
     def max_total(self, options: GenerateOptions) -> int:
@@ -236,7 +236,8 @@ class Engine:
         return min(self.max_total(options), prompt_len + options.max_new_tokens)
 
     def request_reservation(self, prompt_len: int, options: GenerateOptions) -> int:
-        """The tokens a request's KV gets when it starts (`engine.memory.pressure.reservation`)."""
+        """The tokens a request's KV gets when it starts
+        (`engine.scheduling.pressure.reservation`)."""
         return reservation(self.request_total(prompt_len, options), self.max_total(options),
                            prompt_len, self.config.kv_reserve_ahead)
 
@@ -250,7 +251,7 @@ class Engine:
         ``order`` None: the order the model declares (``fim_order`` in its
         tokenizer_config.json), else prefix-suffix-middle.
 
-        A model without FIM tokens gets the prefix-only layout (``engine.text.fim_plain``): a
+        A model without FIM tokens gets the prefix-only layout (``engine.generation.fim_plain``): a
         :class:`~engine.fim_plain.PrefixOnlyRequest` whose answer ``lines`` ("auto",
         "single", "multi") and the suffix shape; ``budget`` caps its prompt tokens.
         ``order``, ``repo_name`` and ``file_path`` do not apply there.
@@ -356,7 +357,7 @@ class Engine:
         what is held evicts cached pages, spills idle sessions, then preempts less urgent
         requests (swap-style, resumed token-identical); in-progress work is never dropped:
         a request that alone exceeds the limit keeps running and the outcome says
-        `still_over`, with the numbers. See `engine.memory.pressure`."""
+        `still_over`, with the numbers. See `engine.scheduling.pressure`."""
         return apply_limit(self, self.active_scheduler, tier, value)
 
     # --- KV reuse ---------------------------------------------------------------------

@@ -164,8 +164,9 @@ def render(chat: dict[str, Any], fim: dict[str, Any] | None, bench: dict[str, An
     if fim:
         lines += ["", "## Code completion", "",
                   "The model has no FIM tokens, so the worker completes code with the "
-                  "prefix-only layout (`engine/text/fim_plain.py`): the code before the cursor, "
-                  "the answer shaped by the code after it. Single-line exact match on the 300 "
+                  "prefix-only layout (`engine/generation/fim_plain.py`): the code before "
+                  "the cursor, the answer shaped by the code after it. Single-line exact match on "
+                  "the 300 "
                   "held-out standard-library holes of `tools/eval_default_model.py` (the old "
                   "3.9M-parameter default-coder: 1.7% with its FIM tokens, 1.3% prefix only), "
                   "greedy, through `Engine.fim_request`:", "", *_fim_rows(fim), "",

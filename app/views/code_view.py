@@ -7,7 +7,7 @@ llama.vim does (the lines above as ``input_prefix``, the typed part of the line 
 cursor: Tab takes it, Esc drops it, typing replaces it. Lines that are only a Markdown
 code fence are left out of a suggestion. A model without FIM tokens works
 too: the worker completes from the prefix alone and trims the answer by the suffix itself
-(``engine.text.fim_plain``), so the pane does not trim it again.
+(``engine.generation.fim_plain``), so the pane does not trim it again.
 
 Newest wins: a request still in flight is aborted when a newer one starts, and an answer
 for a text or cursor that has changed since it was asked for is dropped, never shown.

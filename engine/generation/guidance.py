@@ -1,7 +1,7 @@
 """Constrained output on llguidance: JSON, JSON Schema, GBNF/Lark grammars and regexes.
 
-The grammar of a :class:`~engine.generation.constraint.ConstraintSpec` comes from
-``engine.generation.constraint``. :class:`TokenConstraint` follows one request's generated
+The grammar of a :class:`~engine.constraint.ConstraintSpec` comes from
+``engine.constraint``. :class:`TokenConstraint` follows one request's generated
 ids with an ``llguidance.LLMatcher`` over the model's tokenizer (built once per tokenizer from its
 ``tokenizer.json``) and its ``apply`` is the ``constraint`` logit processor, which sets
 every token the grammar does not allow next to -inf (after the penalties, before
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 import llguidance
 import numpy as np
 
+from engine.constraint import ConstraintSpec, grammar_of
 from engine.errors import ConstraintError, InvalidOptionError
-from engine.generation.constraint import ConstraintSpec, grammar_of
 
 if TYPE_CHECKING:
 

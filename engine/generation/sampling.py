@@ -9,12 +9,14 @@ sampling one exp over the vocabulary plus a two-level inverse CDF (no full cumsu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from engine.api import CustomSampler as CustomSampler
+from engine.api import SamplerContext as SamplerContext
+from engine.api import TokenLogprob as TokenLogprob
 from engine.config import GenerateOptions
 from engine.errors import SamplerError
 from engine.generation.context import (
@@ -125,23 +127,6 @@ class CategoricalSampler:
         return index if ids is None else int(ids[index])
 
 
-@dataclass(frozen=True)
-class SamplerContext:
-    """What a custom sampler sees besides the logits."""
-
-    prompt_ids: tuple[int, ...]
-    #: The tokens generated so far in this request.
-    generated_ids: tuple[int, ...]
-    #: 0 for the first generated token, then 1, 2, ...
-    step: int
-
-
-#: A request's own token choice: ``(processed logits, context) -> token id``. It runs
-#: after the processor chain (penalties, bias, masks, temperature, truncation: masked
-#: tokens are -inf) and replaces the built-in sampler; it gets its own copy of the logits.
-CustomSampler = Callable[[np.ndarray, SamplerContext], int]
-
-
 class CustomSamplerCall:
     """Adapts a :data:`CustomSampler` to the :class:`Sampler` protocol: builds its context,
     checks what it returns, and turns its failures into :class:`SamplerError`."""
@@ -186,14 +171,6 @@ def select_next_token(
 ) -> int:
     """Run the processor chain (taking ownership of ``logits``), then the sampler."""
     return sampler(apply_processors(logits, chain, context), context)
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    #: The best alternatives as (token id, logprob), most likely first; never -inf ones.
-    top: tuple[tuple[int, float], ...]
 
 
 def token_logprob(logits: np.ndarray, token_id: int, top_n: int) -> TokenLogprob:

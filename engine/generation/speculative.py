@@ -11,11 +11,11 @@ yields several tokens per forward pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from engine.api import SpeculativeStats as SpeculativeStats
 from engine.errors import InvalidOptionError
 
 
@@ -213,29 +213,7 @@ class DraftRunner(Protocol):
     def forward(self, token_ids: np.ndarray, *, all_logits: bool = False) -> np.ndarray: ...
 
 
-@dataclass
-class SpeculativeStats:
-    proposed: int = 0
-    accepted: int = 0
-    forwards: int = 0
-    tokens: int = 0
-    #: Seconds spent in the proposer (what speculation costs when nothing matches).
-    propose_s: float = 0.0
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"proposed": self.proposed, "accepted": self.accepted,
-                "forwards": self.forwards, "tokens": self.tokens,
-                "acceptance_rate": round(self.acceptance_rate, 4),
-                "tokens_per_forward": round(self.tokens_per_forward, 4),
-                "propose_ms": round(self.propose_s * 1e3, 3)}
 
 
 class AdaptiveK:

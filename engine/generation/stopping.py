@@ -30,9 +30,9 @@ text stop strings are not affected by ``min_new_tokens``.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
+from engine.api import FinishKind as FinishKind
+from engine.api import FinishReason as FinishReason
 from engine.config import GenerateOptions
 
 __all__ = [
@@ -46,23 +46,6 @@ __all__ = [
     "StopChecker",
     "stop_prefix_len",
 ]
-
-FinishKind = Literal["max_tokens", "eos_token", "stop_sequence", "length", "cancelled",
-                     "json_complete"]
-
-
-@dataclass(frozen=True)
-class FinishReason:
-    kind: FinishKind
-    #: Index into ``options.stop_sequences`` when ``kind == "stop_sequence"``.
-    stop_index: int | None = None
-
-    def __post_init__(self) -> None:
-        assert (self.kind == "stop_sequence") == (self.stop_index is not None), self
-
-    def __str__(self) -> str:
-        return f"stop_sequence({self.stop_index})" if self.kind == "stop_sequence" else self.kind
-
 
 MAX_TOKENS = FinishReason("max_tokens")
 EOS_TOKEN = FinishReason("eos_token")

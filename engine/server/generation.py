@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.engine import Engine, GenerateRequest, GenerateResult, Timings
+from engine.generation.fim_plain import trim_events, trimmer_for
 from engine.generation.sampling import TokenLogprob
 from engine.generation.stopping import CANCELLED
-from engine.scheduler import Priority, Scheduler
-from engine.text.fim_plain import trim_events, trimmer_for
+from engine.scheduling.scheduler import Priority, Scheduler
 
 LimitKind = Literal["t_max_predict_ms", "n_indent"]
 #: Budgets longer than a day are no budget (and would overflow a timer).

@@ -1,7 +1,7 @@
 """llama.cpp's /infill prompt: the model's FIM layout, the typed part of the current line
 after the middle token, repo-level extra files, and truncation to fit the context.
 
-A model without FIM tokens gets the prefix-only layout (``engine.text.fim_plain``): the typed
+A model without FIM tokens gets the prefix-only layout (``engine.generation.fim_plain``): the typed
 part simply ends the prefix, which the layout itself clips to its token budget.
 
 When the prompt does not leave room for the answer, extra files go first (oldest first),
@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from engine.config import GenerateOptions
 from engine.engine import Engine, GenerateRequest
+from engine.generation.fim_plain import FimLines, reserve_for
 from engine.server.errors import ApiError
 from engine.text.fim import FimFile
-from engine.text.fim_plain import FimLines, reserve_for
 
 
 @dataclass(frozen=True)

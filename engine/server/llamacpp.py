@@ -17,7 +17,7 @@ gives a request the runner whose cache shares most of its prompt, and prompt KV 
 reused (prefix cache, tiered store). ``json_schema`` constrains the output to JSON
 (``{}``: any value), ``grammar`` to a GBNF grammar, ``regex`` to a regular expression
 (llguidance, ``engine.generation.guidance``).
-/infill on a model without FIM tokens uses the prefix-only layout (``engine.text.fim_plain``);
+/infill on a model without FIM tokens uses the prefix-only layout (``engine.generation.fim_plain``);
 ``fim_lines`` (``auto``/``single``/``multi``) picks one line or a block. /infill answers
 add ``fim_layout`` (``psm``, ``spm``, ``codestral``, ``prefix-only``; as ``/props``) and
 ``fim_stop``, the completion rule that ended a prefix-only answer (``line_end``,
@@ -35,6 +35,7 @@ from fastapi.responses import Response
 
 from engine.config import GenerateOptions
 from engine.engine import GenerateRequest
+from engine.generation.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final, Limits
 from engine.server.infill import InfillPrompt, build_infill, warm_job
@@ -58,7 +59,6 @@ from engine.server.streaming import (
     sse,
 )
 from engine.text.fim import FimFile
-from engine.text.fim_plain import fim_layout
 from engine.text.tokenizer import ChatMessage
 
 router = APIRouter(tags=["llama.cpp"])

@@ -12,7 +12,7 @@ that) and ``fim_layout`` names the layout (``psm``, ``spm``, ``codestral``, or
 ``key value`` lines (``num_ctx``, ``stop "..."``) with no blank line, as Continue parses
 them. The template only describes the layout: the worker builds prompts itself.
 ``/api/generate`` with ``suffix`` fills in the middle in the model's layout (prefix-only:
-``engine.text.fim_plain``, with ``fim_lines`` for one line or a block); with ``raw``
+``engine.generation.fim_plain``, with ``fim_lines`` for one line or a block); with ``raw``
 the prompt is sent as is (special tokens parsed); otherwise it becomes a user message in
 the chat template (or stays raw when the model has none). ``format`` (``"json"`` or a
 schema) constrains the answer to JSON. Streams are NDJSON; an error after the first line
@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine.engine import Engine, GenerateRequest
+from engine.generation.fim_plain import fim_layout
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Final
 from engine.server.keep_alive import FOREVER_S, keep_alive_of, parse_keep_alive
@@ -60,7 +61,6 @@ from engine.server.tools import (
     parse_chunks,
     plan_tools,
 )
-from engine.text.fim_plain import fim_layout
 from engine.text.tokenizer import ChatMessage
 
 router = APIRouter(tags=["Ollama"])

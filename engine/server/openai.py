@@ -5,7 +5,7 @@
   ``stream_options.include_usage``, and ``[DONE]``.
 - Completions take a raw prompt (special tokens parsed, no template), or with ``suffix``
   fill in the middle in the model's own FIM layout; the suffix is never appended. A model
-  without FIM tokens completes code from the prompt alone (``engine.text.fim_plain``: the
+  without FIM tokens completes code from the prompt alone (``engine.generation.fim_plain``: the
   suffix trims the answer; ``fim_lines`` picks one line or a block) when the suffix is
   not empty; an empty suffix there is a plain completion.
 - ``n`` / ``best_of`` above 1 are refused with a message.
@@ -37,6 +37,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
 from engine.engine import GenerateRequest
+from engine.generation.fim_plain import fim_layout
 from engine.generation.sampling import TokenLogprob
 from engine.server.errors import ApiError, error_body
 from engine.server.generation import Chunk, Final
@@ -65,7 +66,6 @@ from engine.server.tools import (
     plan_tools,
     template_choice,
 )
-from engine.text.fim_plain import fim_layout
 from engine.text.reasoning import describe_reasoning
 from engine.text.tokenizer import ChatMessage, Tokenizer
 from engine.text.tool_parse import CallParser

@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.config import ConstraintSpec, GenerateOptions, StopSequence
+from engine.constraint import ConstraintKind
 from engine.errors import InvalidOptionError
-from engine.generation.constraint import ConstraintKind
 from engine.model.sampling_defaults import Dialect
 from engine.server.errors import ApiError, from_exception
 from engine.server.models import LoadedModel

@@ -8,7 +8,7 @@ engine checks once per token; a job cancelled while it waits never starts.
 
 Jobs run together: each round the thread takes one item from every running job, most
 urgent first (high, normal, low; then oldest). Generation jobs pull their events from the
-engine's scheduler (``engine.scheduler``), so one round is one scheduler step that
+engine's scheduler (``engine.scheduling.scheduler``), so one round is one scheduler step that
 advances, and batches, every running generation; an urgent prompt is prefilled alone
 first. ``exclusive`` jobs (loading or unloading a model) run alone: they start when the
 running jobs have finished and hold new ones back until they are done.

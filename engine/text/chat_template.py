@@ -9,19 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from engine.api import ChatMessage as ChatMessage
 from engine.errors import InvalidPromptError, TokenizerError
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One chat turn; ``apply_chat_template`` also accepts plain mappings."""
-
-    role: str
-    content: str
 
 
 class _TemplateRaised(Exception):

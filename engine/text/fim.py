@@ -24,7 +24,7 @@ model's tokenizer adds one by default, e.g. CodeLlama, DeepSeek, Codestral):
 Prefix, suffix and file text are encoded with ``parse_special=False``: code that contains
 special-token text cannot inject control tokens.
 
-A model without FIM tokens gets the prefix-only layout of ``engine.text.fim_plain`` instead
+A model without FIM tokens gets the prefix-only layout of ``engine.generation.fim_plain`` instead
 (``Engine.fim_request`` picks it).
 """
 

@@ -1,6 +1,6 @@
 """Where a prefix-only answer ends, and what of it the suffix already has.
 
-Rules, on the generated text after the healed blanks (``engine.text.fim_plain``):
+Rules, on the generated text after the healed blanks (``engine.generation.fim_plain``):
 
 - **Leading blank lines** are skipped when the cursor's line is blank (with the
   indentation the cursor already has taken off the next line): an answer never starts
@@ -45,7 +45,7 @@ _BLOCK_ENDS = frozenset(":{")  # ...unless it opens a block (its body goes below
 @dataclass(frozen=True)
 class CompletionRules:
     """What shapes one prefix-only answer; built by
-    :func:`engine.text.fim_plain.prefix_only_request`."""
+    :func:`engine.generation.fim_plain.prefix_only_request`."""
 
     multiline: bool
     #: The cursor's line up to the cursor, as the user has it.

@@ -5,7 +5,7 @@ import pytest
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import InvalidOptionError, ResourceLimitError
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from tests.forge import ForgeSpec, write_genai_model
 
 MIB = 1024 * 1024

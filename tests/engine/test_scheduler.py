@@ -8,7 +8,7 @@ import pytest
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import InvalidPromptError
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from tests.engine.equivalence import assert_follows_solo_up_to_a_near_tie
 
 

@@ -14,7 +14,7 @@ import pytest
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import ContextOverflowError, ResourceLimitError
 from engine.runtime.decode_gqa import SharedBufferRunner
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 
 MIB = 1024 * 1024
 DOCUMENTED = (ResourceLimitError, ContextOverflowError)

@@ -235,7 +235,7 @@ def test_stop_sequences_never_cut_a_constrained_value(engine: Engine) -> None:
 
 
 def test_batched_constrained_requests_match_their_solo_runs(engine: Engine) -> None:
-    from engine.scheduler import Scheduler
+    from engine.scheduling.scheduler import Scheduler
 
     body = SCHEMAS["ref_oneof"]
     requests = [GenerateRequest(prompt=f"JSON {i}:", options=GenerateOptions(

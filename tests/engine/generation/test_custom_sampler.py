@@ -12,7 +12,7 @@ from engine import (
     SamplerContext,
     SamplerError,
 )
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 
 PROMPT = (5, 17, 42, 99, 7, 300, 12)
 PATTERN = (1, 2, 3, 4) * 12

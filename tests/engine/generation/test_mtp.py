@@ -94,7 +94,7 @@ def test_fifty_seeded_prompts_give_plain_greedy_tokens(folder):
 
 
 def test_mtp_runs_beside_other_requests_in_the_scheduler(folder):
-    from engine.scheduler import Scheduler
+    from engine.scheduling.scheduler import Scheduler
 
     engine = _load(folder, _head_block("random.onnx", embedding_weights="embed.f32"))
     scheduler = Scheduler(engine)

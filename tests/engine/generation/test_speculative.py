@@ -7,7 +7,7 @@ import pytest
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.errors import InvalidOptionError
 from engine.generation.speculative import AdaptiveK, PromptLookup, verify_greedy
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from tests.engine.equivalence import assert_follows_solo_up_to_a_near_tie
 
 PATTERN = [1, 2, 3, 4] * 12

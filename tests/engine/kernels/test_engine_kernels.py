@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
 from engine.model.graph_passes import KERNEL_DOMAIN, own_attention
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from tests.engine.equivalence import INT4_NOISE, NEAR_TIE
 
 built = pytest.mark.skipif(kernels.library() is None,

@@ -6,9 +6,9 @@ import onnx
 import pytest
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.model.describe import inspect_model
 from engine.model.io_spec import resolve_io
 from engine.model.model_dir import load_model_dir
+from engine.runtime.describe import inspect_model
 
 
 def _copy(src: Path, dst: Path) -> Path:

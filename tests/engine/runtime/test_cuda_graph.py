@@ -11,7 +11,6 @@ from onnx import TensorProto, helper
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import InvalidOptionError, ModelLoadError
-from engine.model.describe import inspect_model
 from engine.runtime import cuda_graph
 from engine.runtime.cuda_graph import (
     CUDA_GRAPH_ENV,
@@ -21,6 +20,7 @@ from engine.runtime.cuda_graph import (
     device_options,
     open_session,
 )
+from engine.runtime.describe import inspect_model
 from engine.runtime.placement import Placement
 
 

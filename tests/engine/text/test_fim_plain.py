@@ -1,4 +1,4 @@
-"""engine.text.fim_plain: code completion on a model without FIM tokens, through the engine.
+"""engine.generation.fim_plain: code completion on a model without FIM tokens, through the engine.
 
 The model is a forged one whose vocabulary has no FIM tokens and whose logits follow a
 script (tests/engine/scripted_model.py): each test says what the model wants at each
@@ -14,8 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest, GenerateResult
-from engine.text.fim import detect_fim_family
-from engine.text.fim_plain import (
+from engine.generation.fim_plain import (
     PREFIX_ONLY,
     FimLines,
     PrefixOnlyRequest,
@@ -24,6 +23,7 @@ from engine.text.fim_plain import (
     fim_layout,
     resolve_lines,
 )
+from engine.text.fim import detect_fim_family
 from engine.text.tokenizer import Tokenizer
 from tests.engine.scripted_model import FIRST, SECOND, Scenario, write_scripted_model
 

@@ -25,16 +25,16 @@ from typing import Literal
 import numpy as np
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
-from engine.core import EngineCore
 from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
 from engine.generation.request import RequestRun
 from engine.generation.stopping import FinishReason
 from engine.kv.cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
 from engine.kv.reuse import common_prefix_len
 from engine.kv.sessions import Session
-from engine.memory.pressure import make_room, relieve
 from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.runtime.runner import DecodeRunner
+from engine.scheduling.core import EngineCore
+from engine.scheduling.pressure import make_room, relieve
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from engine.api import GenerateRequest
 from engine.config import GenerateOptions
 from engine.errors import InvalidPromptError
+from engine.generation.fim_plain import FimLines, prefix_only_request
 from engine.text.fim import FimFile, FimOrder, build_fim_ids, detect_fim_family, fim_stop_token_ids
-from engine.text.fim_plain import FimLines, prefix_only_request
 from engine.text.tokenizer import Tokenizer
 
 #: Special tokens that end a chat turn in the common templates.

@@ -29,7 +29,7 @@ one by default; extra files, as ``--- path ---`` sections, before it where they 
 - **Never an empty line for a hole.** While the answer has no visible character yet and
   the cursor's line is blank, mid-line or open (ends with a blank, an operator, a comma
   or an opening bracket), line breaks, end-of-text, special tokens and the suffix's
-  closing bracket are masked (``engine.text.fim_sampler``): a small model's first choice after
+  closing bracket are masked (``engine.generation.fim_sampler``): a small model's first choice after
   a line break is often another one.
 
 Models with FIM tokens keep their own layouts (``engine.text.fim``); none of this applies.
@@ -45,9 +45,9 @@ from typing import Literal
 from engine.api import GenerateEvent, GenerateRequest
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError
+from engine.generation.fim_sampler import LineStartSampler, chain_options
 from engine.generation.stopping import EOS_TOKEN
 from engine.text.fim import FimFamily, FimFile
-from engine.text.fim_sampler import LineStartSampler, chain_options
 from engine.text.fim_trim import CompletionRules, CompletionTrimmer
 from engine.text.tokenizer import Tokenizer
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.core import EngineCore, Preemptor
 from engine.memory.governor import Limit, LimitOutcome, format_bytes
 from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.runtime.runner import GROW_STEP, DecodeRunner
+from engine.scheduling.core import EngineCore, Preemptor
 
 
 def report_kv(engine: EngineCore) -> None:

@@ -1,8 +1,8 @@
 """What the scheduler and pressure relief may use of an engine: two small protocols.
 
 :class:`EngineCore` is the part of :class:`~engine.engine.Engine` that runs requests and
-holds their memory; the scheduler (``engine.scheduler``) and pressure relief
-(``engine.memory.pressure``) see the engine only through it, never its private fields.
+holds their memory; the scheduler (``engine.scheduling.scheduler``) and pressure relief
+(``engine.scheduling.pressure``) see the engine only through it, never its private fields.
 :class:`Preemptor` is what pressure relief asks of the scheduler. Arrows point down:
 engine -> scheduler -> pressure -> this module.
 """
