@@ -1,5 +1,6 @@
-"""The asyncio side of a generation: submit, wait for the first item, collect or stream,
-cancel when the client leaves; SSE and NDJSON framing."""
+"""The asyncio side of a generation: submit (engine/server/jobs.py: the hand-off to the
+engine thread), wait for the first item, collect or stream, cancel when the client leaves;
+SSE and NDJSON framing."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from fastapi import Depends, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.engine import Engine, GenerateRequest
+from engine.engine import GenerateRequest
 from engine.server.config import ServerConfig
 from engine.server.errors import ApiError, dumps, from_exception
-from engine.server.generation import Chunk, Final, Limits, generation_job
+from engine.server.generation import Chunk, Final, Limits
+from engine.server.jobs import Item as Item
+from engine.server.jobs import submit_generation
 from engine.server.metrics import Metrics
 from engine.server.models import LoadedModel, ModelManager
-from engine.server.sessions import SessionRegistry, session_job
+from engine.server.sessions import SessionRegistry
 from engine.server.worker import EngineWorker, JobHandle, Priority
 
-Item = Chunk | Final
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -52,23 +54,11 @@ class ServerContext:
     def submit(self, model: LoadedModel, request: GenerateRequest, *,
                limits: Limits = Limits(),  # noqa: B008
                priority: Priority = "normal", session: str | None = None) -> JobHandle[Item]:
-        """Queue a generation; with ``session`` (a chat request) it is a turn of that named
-        session (see engine/server/sessions.py)."""
-        def engine_of() -> Engine:
-            return self.models.engine_for(model)
-
-        if session is not None and request.messages is not None:
-            job = session_job(engine_of, self.sessions, session, request.messages,
-                              request.options, on_final=self.metrics.observe_generation,
-                              priority=priority, tools=request.tools,
-                              template_kwargs=request.chat_template_kwargs)
-        else:
-            job = generation_job(engine_of, request, limits,
-                                 on_final=self.metrics.observe_generation, priority=priority)
-        try:
-            return self.worker.submit(job, priority)
-        except Exception as exc:
-            raise from_exception(exc) from exc
+        """Queue a generation on the engine thread: see engine/server/jobs.py (what a
+        job is, who runs it, how its events come back)."""
+        return submit_generation(self.worker, self.models, self.sessions, self.metrics,
+                                 model, request, limits=limits, priority=priority,
+                                 session=session)
 
 
 def get_context(request: Request) -> ServerContext:
