@@ -53,13 +53,11 @@ from engine.server.streaming import (
 from engine.server.tools import (
     ToolPlan,
     capabilities,
-    constrain,
-    needs_plan,
+    chat_request,
     ollama_calls,
     ollama_history,
     ollama_messages,
     parse_chunks,
-    plan_tools,
 )
 from engine.text.tokenizer import ChatMessage
 
@@ -310,14 +308,9 @@ async def chat(body: OllamaChatRequest, request: Request,
     history = ollama_history(body.messages)
     # Ollama's ``think``: the templates of Qwen3 and its kin read ``enable_thinking``
     think = None if body.think is None else {"enable_thinking": body.think}
-    if needs_plan(body.tools, history):
-        plan = plan_tools(model, body.tools, None, None, history)
-        gen = GenerateRequest(messages=plan.messages, tools=plan.template_tools,
-                              chat_template_kwargs=think,
-                              options=constrain(plan, options, None, "format"))
-        return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep, tools=plan)
-    gen = GenerateRequest(messages=messages, options=options, chat_template_kwargs=think)
-    return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep)
+    gen, plan = chat_request(model, messages, history, options, tools=body.tools,
+                             format_param="format", template_kwargs=think)
+    return await _answer(ctx, request, model, gen, body.stream, _chat_shape, keep, tools=plan)
 
 
 #: The answer's fields from its text and a reasoning model's thoughts.

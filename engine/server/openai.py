@@ -57,14 +57,11 @@ from engine.server.streaming import (
 )
 from engine.server.tools import (
     capabilities,
-    constrain,
-    needs_plan,
+    chat_request,
     openai_calls,
     openai_deltas,
     openai_history,
     parse_chunks,
-    plan_tools,
-    template_choice,
 )
 from engine.text.reasoning import describe_reasoning
 from engine.text.tokenizer import ChatMessage, Tokenizer
@@ -198,15 +195,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     options = openai_options(body, model, max_tokens=max_tokens,
                              top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
     history = openai_history(body.messages, [m.content for m in messages])
-    plan = plan_tools(model, body.tools, body.tool_choice, body.parallel_tool_calls,
-                      history) if needs_plan(body.tools, history) else None
-    extra = body.chat_template_kwargs
-    gen = GenerateRequest(messages=messages, options=options, chat_template_kwargs=extra) \
-        if plan is None else \
-        GenerateRequest(messages=plan.messages, tools=plan.template_tools,
-                        chat_template_kwargs={**(extra or {}),
-                                              **(template_choice(plan, body.tool_choice) or {})},
-                        options=constrain(plan, options, body.tool_choice))
+    gen, plan = chat_request(model, messages, history, options, tools=body.tools,
+                             choice=body.tool_choice, parallel=body.parallel_tool_calls,
+                             template_kwargs=body.chat_template_kwargs)
     handle = ctx.submit(model, gen, session=session)
     first = await first_item(handle, request, OPENAI_RENAMES)
     meta = _meta("chat.completion", "chatcmpl", model)

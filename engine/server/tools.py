@@ -1,5 +1,9 @@
 """Tool calling for the OpenAI and Ollama chat routes: the request's tools and choice ->
-the prompt and the constraint; the answer -> ``tool_calls`` in each dialect's shape.
+the prompt and the constraint (``chat_request``, the one call a route makes before it
+submits); the answer -> ``tool_calls`` in each dialect's shape. The model-side text (the
+call syntax a model's template speaks, the generic layout, the parser) is
+engine/text/tool_calls.py and engine/text/tool_parse.py; the grammar,
+engine/generation/tool_grammar.py.
 
 - ``tool_choice``: ``"none"`` (tools shown, answer is text), ``"auto"`` (the default: text,
   or calls whose arguments are constrained once the call starts), ``"required"`` or
@@ -18,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.api import ChatMessage, GenerateRequest
 from engine.config import GenerateOptions
 from engine.errors import InvalidOptionError, TokenizerError
 from engine.generation.tool_grammar import Mode, check_tool_schemas, tool_constraint
@@ -115,6 +120,29 @@ def plan_tools(model: LoadedModel, raw_tools: Sequence[Any] | None, choice: Any,
                     tuple(shown), tuple(template_tools) if template_tools else None)
     return plan if only is None else replace(
         plan, tools=tuple(t for t in tools if t.name == only))
+
+
+def chat_request(model: LoadedModel, messages: Sequence[ChatMessage],
+                 history: Sequence[Mapping[str, Any]], options: GenerateOptions, *,
+                 tools: Sequence[Any] | None, choice: Any = None,
+                 parallel: bool | None = None, format_param: str = "response_format",
+                 template_kwargs: Mapping[str, Any] | None = None,
+                 ) -> tuple[GenerateRequest, ToolPlan | None]:
+    """The chat request a dialect submits, and its tool plan: the one call a chat route
+    makes for tools. Without tools (and no calls in the history), ``messages`` as they came
+    and no plan. With them: the tools checked (a 400 names a malformed one), the prompt
+    laid out for the model (``history``, the messages with their calls in the OpenAI
+    shape), ``tool_choice`` for a template that reads it, and the call constraint; the
+    plan then parses the answer into calls."""
+    if not needs_plan(tools, history):
+        return GenerateRequest(messages=tuple(messages), options=options,
+                               chat_template_kwargs=template_kwargs), None
+    plan = plan_tools(model, tools, choice, parallel, history)
+    merged = {**(template_kwargs or {}), **(template_choice(plan, choice) or {})}
+    request = GenerateRequest(messages=plan.messages, tools=plan.template_tools,
+                              chat_template_kwargs=merged or template_kwargs,
+                              options=constrain(plan, options, choice, format_param))
+    return request, plan
 
 
 def template_choice(plan: ToolPlan, choice: Any) -> dict[str, Any] | None:
