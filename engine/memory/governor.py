@@ -6,10 +6,8 @@ The limits themselves (parsing, `auto`, clamping, the KV budget, CUDA arena opti
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.errors import InvalidOptionError, ResourceLimitError
@@ -40,6 +38,12 @@ from engine.memory.limits import (
     parse_limit,
     tier_name,
 )
+from engine.memory.report import Breakdown as Breakdown
+from engine.memory.report import GovernorSnapshot as GovernorSnapshot
+from engine.memory.report import LimitChange as LimitChange
+from engine.memory.report import LimitOutcome as LimitOutcome
+from engine.memory.report import TierSnapshot as TierSnapshot
+from engine.memory.report import explain_no_room as explain_no_room
 
 __all__ = [
     "ACCEPTED_FORMS", "AUTO", "AUTO_POLICIES", "LIMIT_FLAGS", "TIERS", "TIER_LABELS",
@@ -65,99 +69,6 @@ class GovernorLimits:
                    None if disk is None else parse_limit(disk, field=LIMIT_FLAGS["disk"]))
 
 
-@dataclass(frozen=True)
-class TierSnapshot:
-    """One tier. `used` is this app: the larger of what the engine reported (weights + KV
-    + overhead) and what the provider measured for this process. `headroom` is what the
-    next allocation can get: limit - used, or less when the system has less free (beyond
-    the tier's reserve). None = unknown; an unknown headroom is not enforced."""
-
-    tier: str
-    configured: str
-    limit: int | None
-    clamped: bool
-    capacity: int | None
-    available: int | None
-    used: int
-    weights_bytes: int
-    kv_bytes: int
-    overhead_bytes: int
-    process_used: int | None
-    others_used: int | None
-    headroom: int | None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """Bytes the engine reported, summed over tiers (KV per tier)."""
-
-    weights_bytes: int
-    kv_vram_bytes: int
-    kv_host_ram_bytes: int
-    kv_disk_bytes: int
-    overhead_bytes: int
-
-
-@dataclass(frozen=True)
-class GovernorSnapshot:
-    """Everything the gauges show; `budget` is the KV tier's (None before a model)."""
-
-    runtime_override: bool
-    kv_tier: str
-    vram: TierSnapshot
-    host_ram: TierSnapshot
-    disk: TierSnapshot | None
-    budget: Budget | None
-    breakdown: Breakdown
-
-    def tier(self, name: str) -> TierSnapshot | None:
-        return cast("TierSnapshot | None", getattr(self, tier_name(name)))
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GovernorSnapshot:
-        return cls(d["runtime_override"], d["kv_tier"], TierSnapshot(**d["vram"]),
-                   TierSnapshot(**d["host_ram"]),
-                   None if d["disk"] is None else TierSnapshot(**d["disk"]),
-                   None if d["budget"] is None else Budget(**d["budget"]),
-                   Breakdown(**d["breakdown"]))
-
-
-@dataclass(frozen=True)
-class LimitChange:
-    """A live limit change; the engine must free `excess_bytes` of what it reported."""
-
-    tier: str
-    previous: str
-    configured: str
-    limit_bytes: int | None
-    clamped: bool
-    used_bytes: int
-    excess_bytes: int
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class LimitOutcome:
-    """What the engine did to honour a `LimitChange` (prefix-cache pages evicted, idle
-    sessions spilled, lower-priority requests preempted) and whether it is still over."""
-
-    change: LimitChange
-    bytes_freed: int = 0
-    pages_evicted: int = 0
-    sessions_spilled: int = 0
-    requests_preempted: int = 0
-    still_over: bool = False
-    #: When still over: by how much, and why (in numbers); empty otherwise.
-    detail: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclass
 class _Usage:
     weights: int = 0
@@ -172,35 +83,6 @@ class _Usage:
     @property
     def total(self) -> int:
         return self.weights + self.kv + self.overhead
-
-
-def explain_no_room(tier: str, needed: int, snap: TierSnapshot | None) -> str:
-    """Why `needed` more bytes do not fit on `tier`, in numbers, and what to change.
-    `snap` is the tier's snapshot, None when the tier is off."""
-    label, flag = TIER_LABELS[tier_name(tier)], LIMIT_FLAGS[tier]
-    if snap is None:
-        return f"{label} is off; set {flag} (e.g. {flag} 4GiB) to use it"
-    limit = format_bytes(snap.limit)
-    set_as = "" if snap.configured == limit else f" (set as {snap.configured})"
-    facts = [f"limit {limit}{set_as}", f"this app uses {format_bytes(snap.used)}"]
-    if snap.others_used is not None:
-        facts.append(f"other processes use {format_bytes(snap.others_used)}")
-    if snap.available is not None:
-        facts.append(f"{format_bytes(snap.available)} free")
-    fixes = []
-    if snap.limit is not None and snap.limit - snap.used < needed:
-        target = snap.used + needed
-        if snap.capacity is not None and target > snap.capacity:
-            fixes.append(f"this machine's {label} ({format_bytes(snap.capacity)}) cannot hold "
-                         "that; use a smaller model")
-        else:
-            fixes.append(f"raise {flag} to at least {format_bytes(target, up=True)}")
-    else:
-        fixes.append("close other programs")
-    fixes.append("close sessions or use a shorter context")
-    return (f"{label}: {format_bytes(needed)} more is needed but "
-            f"{format_bytes(snap.headroom)} is left ({', '.join(facts)}); "
-            + " or ".join(fixes))
 
 
 class Governor:
