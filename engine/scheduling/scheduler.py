@@ -19,54 +19,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
-from typing import Literal
-
-import numpy as np
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.errors import EngineError, InvalidOptionError, ResourceLimitError
 from engine.generation.request import RequestRun
 from engine.generation.stopping import FinishReason
-from engine.kv.cache import NoRoomError, PageTable, append_rows, read_rows, truncate_table
 from engine.kv.reuse import common_prefix_len
 from engine.kv.sessions import Session
 from engine.runtime.decode_gqa import SharedBufferRunner
-from engine.runtime.runner import DecodeRunner
 from engine.scheduling.core import EngineCore
-from engine.scheduling.pressure import make_room, relieve
+from engine.scheduling.pressure import relieve
+from engine.scheduling.swap import _RANK, Sink, park, release_parked, resume
+from engine.scheduling.swap import Priority as Priority
+from engine.scheduling.swap import Ticket as Ticket
 
 log = logging.getLogger(__name__)
-
-Priority = Literal["low", "normal", "high"]
-_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
-
-#: Receives a ticket's events, then its result event; or the error that ended it.
-Sink = Callable[[GenerateEvent | BaseException], None]
-
-
-@dataclass(eq=False)
-class Ticket:
-    id: int
-    request: GenerateRequest
-    priority: Priority
-    session_id: int | None
-    cancel: threading.Event
-    sink: Sink
-    submitted: float
-    run: RequestRun | None = None
-    #: KV of a preempted run, parked in pages until it resumes.
-    parked: PageTable | None = None
-    preemptions: int = 0
-    #: Oldest prompt tokens dropped to fit the context (truncate_prompt).
-    dropped: int = 0
-    done: bool = False
-    extra: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> tuple[int, float]:
-        return (_RANK[self.priority], self.submitted)
-
 
 class Scheduler:
     def __init__(self, engine: EngineCore) -> None:
@@ -248,7 +215,7 @@ class Scheduler:
             session = self._session(ticket)
             if session is not None:
                 session.tokens = run.prompt + run.sampled
-            self._release_parked(ticket)
+            release_parked(self.engine, ticket)
             for event in run.closing_events():
                 ticket.sink(event)
 
@@ -310,7 +277,7 @@ class Scheduler:
         runner = self.engine.runners[index]
         try:
             if ticket.run is not None:
-                self._resume(ticket, runner)
+                resume(self.engine, self, ticket, runner, others_running=bool(self.active))
             else:
                 ticket.run = self.engine.start_run(
                     ticket.request, prompt, self._session(ticket), ticket.cancel,
@@ -333,23 +300,9 @@ class Scheduler:
         memory pressure (`release` frees the runner's buffers first) complete chunks also
         go to the tiered store; without room for pages the KV comes back from the store or
         is recomputed from the kept tokens."""
-        run = ticket.run
-        assert run is not None
-        runner = run.runner
+        assert ticket.run is not None
         del self.active[index]
-        rows = runner.export_kv(0, runner.length)
-        ticket.extra["parked_tokens"] = list(runner.tokens)
-        if release is not None:
-            self.engine.reuse.store(runner)
-            runner.reset()
-            release()
-        table = PageTable()
-        try:
-            append_rows(self.engine.pool, table, rows, self.engine.prefix_cache)
-            ticket.parked = table
-        except NoRoomError:
-            truncate_table(self.engine.pool, table, 0, self.engine.prefix_cache)
-            ticket.parked = None  # resumes from the tiered store or by recomputing
+        park(self.engine, ticket, release)
         ticket.preemptions += 1
         self.preempted_total += 1
         self.waiting.append(ticket)
@@ -374,42 +327,8 @@ class Scheduler:
         store or by recomputing their kept tokens); returns how many were released."""
         parked = [t for t in self.waiting if t.parked is not None]
         for ticket in parked:
-            self._release_parked(ticket)
+            release_parked(self.engine, ticket)
         return len(parked)
-
-    def _resume(self, ticket: Ticket, runner: DecodeRunner) -> None:
-        """Bring a preempted run back on `runner`. While others run, it waits (raises
-        ResourceLimitError) until its KV fits the budget; alone, it always resumes."""
-        run = ticket.run
-        assert run is not None
-        tokens: list[int] = ticket.extra["parked_tokens"]  # type: ignore[assignment]
-        total = max(len(tokens), run.sequence.reserved)
-        runner.reset()
-        if not make_room(self.engine, self, runner, total):
-            if self.active:  # wait for room
-                raise self.engine.governor.no_room_error(self.engine.governor.kv_tier,
-                                                         runner.growth_bytes(total))
-            self._release_parked(ticket)  # alone: it runs, its own pages go first
-        del ticket.extra["parked_tokens"]
-        runner.reserve(total)
-        at = 0
-        if ticket.parked is not None and tokens:
-            rows = read_rows(self.engine.pool, ticket.parked, 0, len(tokens))
-            runner.import_kv(rows, 0, tokens)
-            at = len(tokens)
-        elif self.engine.kv_tiers is not None and tokens:
-            keys = self.engine.kv_tiers.available(tokens, len(tokens))
-            at = self.engine.kv_tiers.fetch_into(runner, tokens, keys, 0)
-        self._release_parked(ticket)
-        if at < len(tokens):
-            runner.forward(np.asarray(tokens[at:], dtype=np.int64))
-        run.runner = runner
-        run.sequence.runner = runner
-
-    def _release_parked(self, ticket: Ticket) -> None:
-        if ticket.parked is not None:
-            truncate_table(self.engine.pool, ticket.parked, 0, self.engine.prefix_cache)
-            ticket.parked = None
 
 
 def _run_of(ticket: Ticket) -> RequestRun:
