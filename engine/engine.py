@@ -25,7 +25,7 @@ from engine.generation.fim_plain import FimLines, stop_flag, trim_events, trimme
 from engine.generation.mtp import MtpHead
 from engine.generation.prompt import encode_request, fim_request, stop_ids
 from engine.generation.request import RequestRun
-from engine.generation.spec_heads import DeclaredHead, load_declared_head
+from engine.generation.spec_heads import DeclaredHead
 from engine.kernels import KernelUse
 from engine.kv.cache import (
     KVGeometry,
@@ -35,28 +35,22 @@ from engine.kv.cache import (
 from engine.kv.reuse import KVReuse
 from engine.kv.sessions import Session, SessionStore
 from engine.kv.tiers import KVTiers, model_identity
+from engine.loading import open_model
 from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
-from engine.memory.limits import parse_limit
-from engine.model.io_spec import IOSpec, resolve_io
-from engine.model.model_dir import ModelDir, load_model_dir
+from engine.model.io_spec import IOSpec
+from engine.model.model_dir import ModelDir
 from engine.runtime.cuda_graph import (
     NOT_REQUESTED,
     GraphCapture,
     describe_device,
     device_options,
-    open_session,
 )
 from engine.runtime.decode import runner_factory
 from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.runtime.draft import load_draft_runner
 from engine.runtime.hugepages import BackgroundAdvice, HugePageReport
-from engine.runtime.placement import plan_placement
 from engine.runtime.providers import (
     SessionInfo,
-    available_providers,
-    log_kernel_use,
-    provider_from_env,
-    pruned_graph,
 )
 from engine.runtime.runner import DecodeRunner
 from engine.scheduling.core import Preemptor
@@ -142,27 +136,16 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
+        """Open the model folder (engine/loading.py: the steps of a load), then the engine
+        on it, with its speculative head or draft model and huge pages as configured."""
         config = config or EngineConfig()
-        model = load_model_dir(model_dir)
-        tokenizer = Tokenizer.from_dir(model.path)
-        spec = resolve_io(model.graph.inputs, model.graph.outputs, model.declared,
-                          has_gqa=model.graph.has_gqa, source=model.format)
-        head = load_declared_head(model, spec, config.speculative_head)
-        placement = plan_placement(
-            provider_from_env(config.provider), available_providers(), model.weights_bytes,
-            parse_limit(config.vram_limit, field="vram_limit"))
-        if placement.reason:
-            log.warning("%s", placement.reason)
-        graph, spec, kernel_use = pruned_graph(
-            model.model_file, spec, config, placement.provider,
-            model.graph.op_counts.get("GroupQueryAttention", 0))
-        log_kernel_use(model.path.name, kernel_use)
-        session, info, capture = open_session(model.model_file, config, placement,
-                                              spec.decode_path, graph)
-        engine = cls(model, tokenizer, session, info, spec, config, graph_capture=capture)
-        engine.placement_reason = placement.reason
-        engine.kernel_use = kernel_use
-        engine.declared_head = head
+        opened = open_model(model_dir, config)
+        engine = cls(opened.model, opened.tokenizer, opened.session, opened.info, opened.spec,
+                     config, graph_capture=opened.capture)
+        engine.placement_reason = opened.placement.reason
+        engine.kernel_use = opened.kernel_use
+        engine.declared_head = head = opened.head
+        placement = opened.placement
         if head is not None and head.executable:
             engine.mtp_head = MtpHead.load(head, config, placement.provider)
             for runner in engine.runners:

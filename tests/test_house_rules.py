@@ -127,7 +127,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("engine.generation",),
     ("engine.kv",),
     ("engine.scheduling",),
-    ("engine.engine",),
+    ("engine.engine", "engine.loading"),
     ("engine.hub",),
     ("engine.server",),
     ("engine", "engine.__main__"),

@@ -22,8 +22,8 @@ from typing import Any
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.generation.spec_head_config import HeadConfig, parse_head_config
-from engine.model.io_spec import IOSpec, TensorSpec
 from engine.model.graph_summary import scan_graph
+from engine.model.io_spec import IOSpec, TensorSpec
 from engine.model.model_dir import ModelDir
 
 log = logging.getLogger(__name__)
