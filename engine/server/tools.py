@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.api import ChatMessage, GenerateRequest
 from engine.config import GenerateOptions
-from engine.errors import InvalidOptionError, TokenizerError
+from engine.errors import InvalidOptionError
 from engine.generation.tool_grammar import Mode, check_tool_schemas, tool_constraint
 from engine.server.errors import ApiError
 from engine.server.generation import Chunk
@@ -34,8 +34,7 @@ from engine.text.tool_calls import (
     Tool,
     check_tools,
     detect_syntax,
-    fold_system,
-    prompt_messages,
+    lay_out,
 )
 from engine.text.tool_parse import (
     Arguments,
@@ -112,12 +111,10 @@ def plan_tools(model: LoadedModel, raw_tools: Sequence[Any] | None, choice: Any,
     mode, only = _choice(choice, tools)
     if mode != "none" and not tools:
         raise ApiError(400, f"tool_choice: {mode} needs tools", param="tool_choice")
-    syntax = detect_syntax(model.engine.tokenizer)
-    shown, template_tools = prompt_messages(messages, tools, syntax)
-    if syntax.layout == "generic" and shown and shown[0].get("role") == "system":
-        shown = _system_or_folded(model, shown)
-    plan = ToolPlan(syntax, tools, None if parallel is not False else 1, mode != "none",
-                    tuple(shown), tuple(template_tools) if template_tools else None)
+    laid = lay_out(model.engine.tokenizer, messages, tools)
+    plan = ToolPlan(laid.syntax, tools, None if parallel is not False else 1, mode != "none",
+                    tuple(laid.messages),
+                    tuple(laid.template_tools) if laid.template_tools else None)
     return plan if only is None else replace(
         plan, tools=tuple(t for t in tools if t.name == only))
 
@@ -151,22 +148,6 @@ def template_choice(plan: ToolPlan, choice: Any) -> dict[str, Any] | None:
     if plan.template_tools is None or choice is None:
         return None
     return {"tool_choice": choice}
-
-
-def _system_or_folded(model: LoadedModel, shown: list[dict[str, Any]]
-                      ) -> list[dict[str, Any]]:
-    """The generic layout's system turn, or (a template that refuses a system role, as
-    Gemma 2's and early Mistral's do) the same text at the start of the first user turn."""
-    try:
-        model.engine.tokenizer.apply_chat_template(shown)
-    except TokenizerError:
-        folded = fold_system(shown)
-        try:
-            model.engine.tokenizer.apply_chat_template(folded)
-        except TokenizerError:
-            return shown  # the request's own error, reported when it runs
-        return folded
-    return shown
 
 
 def constrain(plan: ToolPlan, options: GenerateOptions, choice: Any,

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.errors import InvalidOptionError
+from engine.errors import InvalidOptionError, TokenizerError
 from engine.text.tokenizer import Tokenizer
 
 ToolFormat = Literal["hermes", "mistral", "llama3"]
@@ -248,3 +248,40 @@ def prompt_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]
         return _generic_messages(messages, tools), None
     return ([_template_message(m) for m in messages],
             [t.as_openai() for t in tools] if tools else None)
+
+
+@dataclass(frozen=True)
+class ToolLayout:
+    """A conversation with tools as a model's chat template will see it."""
+
+    syntax: CallSyntax
+    messages: list[dict[str, Any]]
+    #: The template's ``tools`` variable (None: the generic layout, or no tools).
+    template_tools: list[dict[str, Any]] | None
+
+
+def lay_out(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]],
+            tools: Sequence[Tool]) -> ToolLayout:
+    """The call syntax ``tokenizer``'s model speaks and the conversation laid out for it:
+    its template's own tool layout, or the generic one, whose system turn goes to the start
+    of the first user turn for a template that refuses a system role (as Gemma 2's and
+    early Mistral's do)."""
+    syntax = detect_syntax(tokenizer)
+    shown, template_tools = prompt_messages(messages, tools, syntax)
+    if syntax.layout == "generic" and shown and shown[0].get("role") == "system":
+        shown = _system_or_folded(tokenizer, shown)
+    return ToolLayout(syntax, shown, template_tools)
+
+
+def _system_or_folded(tokenizer: Tokenizer, shown: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    try:
+        tokenizer.apply_chat_template(shown)
+    except TokenizerError:
+        folded = fold_system(shown)
+        try:
+            tokenizer.apply_chat_template(folded)
+        except TokenizerError:
+            return shown  # the request's own error, reported when it runs
+        return folded
+    return shown
