@@ -82,7 +82,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model", "mtp"),
                      default="none",
                      help="greedy only: guess tokens and verify them in one pass; the same "
-                     "text, faster (on int4 models it can differ at a near-tie: README) "
+                     "text, faster (on int4 models it can differ at a near-tie: "
+                     "docs/speculative.md) "
                      "(default none)")
     gen.add_argument("--draft-model", metavar="FOLDER",
                      help="draft model folder for --speculative draft_model (default: none)")

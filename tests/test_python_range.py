@@ -25,7 +25,7 @@ def _script_value(name: str) -> str:
     return found.group(1)
 
 
-def tested_versions() -> list[tuple[int, int]]:
+def _tested_versions() -> list[tuple[int, int]]:
     names = [_script_value("CI_PYTHON"), *_script_value("VERSIONS").split()]
     return sorted(tuple(int(p) for p in n.split(".")) for n in names)  # type: ignore[misc]
 
@@ -33,7 +33,7 @@ def tested_versions() -> list[tuple[int, int]]:
 def test_the_claimed_range_is_the_tested_one():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     project = config["project"]
-    tested = tested_versions()
+    tested = _tested_versions()
     lowest = ".".join(map(str, tested[0]))
     classified = sorted(tuple(int(p) for p in c.rsplit(" ", 1)[1].split("."))
                         for c in project["classifiers"]
@@ -48,7 +48,7 @@ def test_the_claimed_range_is_the_tested_one():
 
 
 def test_the_tested_versions_are_consecutive_and_the_smoke_files_exist():
-    tested = tested_versions()
+    tested = _tested_versions()
     assert [minor for _, minor in tested] == list(range(tested[0][1], tested[-1][1] + 1))
     listed = re.search(r"^SMOKE=\((.*?)^\)", SCRIPT.read_text(encoding="utf-8"),
                        re.MULTILINE | re.DOTALL)

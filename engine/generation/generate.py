@@ -245,7 +245,7 @@ def make_proposer(options: GenerateOptions, draft_runner: DecodeRunner | None,
     if mode == "mtp":
         raise InvalidOptionError(
             "speculative_mode", "'mtp' needs a model whose inference metadata declares an "
-            "MTP head this engine can run", hint="see README.md, 'Declared speculative "
+            "MTP head this engine can run", hint="see docs/speculative.md, 'Declared speculative "
             "heads', or use 'prompt_lookup'")
     raise InvalidOptionError(
         "speculative_mode", "'draft_model' needs an engine loaded with a draft model",

@@ -1,7 +1,7 @@
 """The declared form of a model's speculative proposer (MTP / EAGLE-3 / shared-KV head).
 
 Parsed from the `speculative:` block of ``inference_metadata.yaml`` or from
-``EngineConfig.speculative_head`` (format: README.md, "Declared speculative heads"); a
+``EngineConfig.speculative_head`` (format: docs/speculative.md, "Declared speculative heads"); a
 malformed block is a ModelLoadError naming the key. ``engine.generation.spec_heads`` checks it
 against the graphs.
 """
@@ -100,7 +100,7 @@ def parse_head_config(block: object, root: Path, source: str,
     """A `speculative:` mapping as a HeadConfig; a malformed one is a ModelLoadError."""
     if not isinstance(block, Mapping):
         raise ModelLoadError(f"{source} must be a mapping, got {type(block).__name__}",
-                             hint="see README.md, 'Declared speculative heads'")
+                             hint="see docs/speculative.md, 'Declared speculative heads'")
     kind = _choice(block, "type", ("mtp", "eagle3", "shared_kv"), source, required=True)
     model = _path(block, "model", root, source)
     if model is None:

@@ -2,7 +2,7 @@
 
 A model folder declares its proposer in the `speculative:` block of its
 ``inference_metadata.yaml``, or the caller passes the same mapping as
-``EngineConfig.speculative_head`` (format: README.md, "Declared speculative heads").
+``EngineConfig.speculative_head`` (format: docs/speculative.md, "Declared speculative heads").
 Every contract the seed checks is checked at load from the graphs' declared I/O (nothing
 is run, no weights are read): the target exposes the hidden-state outputs with an allowed
 dtype and a shape ending in the hidden size, the head's hidden / fused hidden / vocabulary

@@ -249,7 +249,8 @@ def _from_metadata(root: Path) -> tuple[DeclaredIO, dict[str, Any]]:
         raise ModelLoadError(f"{path} is not valid YAML: {exc}",
                              hint="fix the file's syntax") from exc
     if not isinstance(meta, dict):
-        raise ModelLoadError(f"{path} must hold a mapping", hint="see the README's format")
+        raise ModelLoadError(f"{path} must hold a mapping",
+                             hint="see docs/models.md, 'Model folders'")
     present = [k for k in _UNSUPPORTED_METADATA if meta.get(k)]
     if present:
         raise UnsupportedModelError(

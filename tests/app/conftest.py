@@ -30,7 +30,7 @@ from app.context import AppContext
 from app.paths import AppPaths
 from tests.engine.server.live import SLOW_SPEC, write_model
 from tests.forge import ForgeSpec
-from tests.forge.tokenizer import EOS_TOKEN_ID
+from tests.forge.tokenizer import SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "qwen-coder-tiny"
@@ -38,11 +38,12 @@ SLOW = "slow-coder"
 
 
 def answers_of(max_tokens: int) -> Any:
-    """The chat panel's sampling, greedy with the end-of-text token barred: the forged
-    model's random weights would otherwise end some answers before a test can stop or kill
-    them mid-answer."""
+    """The chat panel's sampling, greedy with the forge's special tokens barred (their ids
+    are their places in its list): the forged model's random weights would otherwise end
+    some answers (end of text, end of turn) or write nothing visible (the other specials)
+    before a test can stop or kill them mid-answer."""
     return lambda: {"temperature": 0.0, "max_tokens": max_tokens,
-                    "logit_bias": {str(EOS_TOKEN_ID): -100}}
+                    "logit_bias": {str(i): -100 for i in range(len(SPECIAL_TOKENS))}}
 
 
 @pytest.fixture(scope="session")

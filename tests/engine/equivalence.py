@@ -1,5 +1,5 @@
-"""What batched and speculative decoding promise against a request run alone (README,
-"KV reuse, sessions and memory", Scheduler):
+"""What batched and speculative decoding promise against a request run alone
+(docs/kv-and-scheduling.md, "Scheduler"; docs/speculative.md):
 
 - fp32 graphs: the same tokens, always (the tests compare them exactly).
 - int4 ``MatMulNBits`` graphs: ONNX Runtime may take another kernel for a step of several

@@ -158,7 +158,7 @@ def test_turns_of_one_session_run_in_order(engines):
 
 def test_int4_batched_answers_follow_their_solo_runs_up_to_a_near_tie(int4_model_dir):
     """int4: a four-row step may round differently from a one-row step (the promise in
-    tests/engine/equivalence.py and the README); fp32 above is exact."""
+    tests/engine/equivalence.py and docs/kv-and-scheduling.md); fp32 above is exact."""
     solo = Engine.load(int4_model_dir, EngineConfig(intra_op_threads=1, prefix_cache=False))
     engine = Engine.load(int4_model_dir, EngineConfig(intra_op_threads=1, max_batch=4))
     rng = random.Random(0)

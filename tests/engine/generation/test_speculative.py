@@ -256,7 +256,7 @@ def test_draft_models_need_the_same_tokenizer_and_a_loaded_draft(genai_model_dir
 def test_int4_speculation_follows_plain_greedy_up_to_a_near_tie(int4_model_dir,
                                                                  int4_fp32_model_dir, mode):
     """int4: a verify pass of several tokens may round differently from one-token steps
-    (tests/engine/equivalence.py, the README); on fp32 graphs above it is exact. Its own
+    (tests/engine/equivalence.py, docs/speculative.md); on fp32 graphs above it is exact. Its own
     fp32 weights are the draft."""
     engine = Engine.load(int4_model_dir, EngineConfig(
         intra_op_threads=1, prefix_cache=False, draft_model=str(int4_fp32_model_dir)))
