@@ -281,8 +281,10 @@ class CatalogPanel(QWidget):
         self.status.setText(result.summary[:1].upper() + result.summary[1:]
                             + "; loading it…")
         self.pulled.emit(result)
-        reply = self.ctx.client.call("POST", "/v1/models/load",
-                                     {"model": str(result.folder)}, admin=True,
+        body: dict[str, Any] = {"model": str(result.folder)}
+        if result.context_length:  # "fits with a shorter context (N tokens)": load with N
+            body["context_length"] = result.context_length
+        reply = self.ctx.client.call("POST", "/v1/models/load", body, admin=True,
                                      timeout_ms=15 * 60_000)
         reply.finished.connect(lambda body: self._on_loaded(result, body))
         reply.failed.connect(lambda failure: self.ctx.report(
@@ -290,8 +292,10 @@ class CatalogPanel(QWidget):
 
     def _on_loaded(self, result: PullResult, body: Any) -> None:
         self.ctx.settings.set_value("library/last_model", str(result.folder))
-        self.status.setText(f"Loaded {body.get('id', result.folder.name)}: ready in the "
-                            "chat's model picker")
+        context = (body.get("meta") or {}).get("context_length")
+        with_context = f" with a {context}-token context" if context else ""
+        self.status.setText(f"Loaded {body.get('id', result.folder.name)}{with_context}: "
+                            "ready in the chat's model picker")
         self.ctx.refresh_model()
 
     def _update_buttons(self) -> None:
