@@ -55,10 +55,10 @@ def _config(args: argparse.Namespace) -> EngineConfig:
 
 
 def catalog(args: argparse.Namespace) -> int:
-    from engine.hub.bandwidth import read_bandwidth
+    from engine.hub.bandwidth import read_speed
     from engine.hub.browse import catalog_rows
 
-    rows = catalog_rows(endpoint=args.endpoint, config=_config(args), bandwidth=read_bandwidth)
+    rows = catalog_rows(endpoint=args.endpoint, config=_config(args), bandwidth=read_speed)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0
@@ -81,7 +81,7 @@ def catalog(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
-    from engine.hub.bandwidth import read_bandwidth
+    from engine.hub.bandwidth import read_speed
     from engine.hub.download import DownloadCancelled, DownloadError
     from engine.hub.pull import PullEvent
     from engine.hub.pull import pull as run_pull
@@ -103,7 +103,7 @@ def pull(args: argparse.Namespace) -> int:
     try:
         result = run_pull(args.spec, args.models_dir or default_models_dir(),
                           endpoint=args.endpoint, config=_config(args), progress=show,
-                          bandwidth=read_bandwidth)
+                          bandwidth=read_speed)
     except DownloadCancelled:
         print("error: cancelled; pull again to continue where it stopped", file=sys.stderr)
         return 130

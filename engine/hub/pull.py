@@ -41,7 +41,7 @@ from engine.hub.download import (
     explain,
     hub_endpoint,
 )
-from engine.hub.fit import SHORTER
+from engine.hub.fit import SHORTER, Bandwidth
 from engine.model.folders import completeness_problem, human_size
 
 PULL_FILE = "pull.json"
@@ -128,7 +128,7 @@ def pull(spec: str, models_dir: Path, *, endpoint: str = "",
          config: EngineConfig | None = None, progress: Callable[[PullEvent], None] = print,
          cancelled: Callable[[], bool] = lambda: False,
          free_space: FreeSpace = disk_free,
-         bandwidth: Callable[[], float] | float | None = None,
+         bandwidth: Bandwidth = None,
          entries: tuple[CatalogEntry, ...] | None = None) -> PullResult:
     """Pull ``spec`` into ``models_dir``; raises DownloadError (NotSupported,
     DownloadCancelled) with the sentence to show."""
