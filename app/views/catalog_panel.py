@@ -48,7 +48,7 @@ from engine.hub import (
     hub_endpoint,
     load_catalog,
     pull_model,
-    read_bandwidth,
+    read_speed,
     search_hub,
 )
 
@@ -150,7 +150,7 @@ class CatalogPanel(QWidget):
             return
         endpoint, config, entries = self._endpoint(), self._config(), self.entries
         job = _Job(lambda _report, _stop: catalog_rows(
-            endpoint=endpoint, config=config, bandwidth=read_bandwidth, entries=entries), self)
+            endpoint=endpoint, config=config, bandwidth=read_speed, entries=entries), self)
         job.succeeded.connect(self._on_checked)
         job.failed.connect(self.status.setText)
         job.finished.connect(self._check_ended)
@@ -167,7 +167,7 @@ class CatalogPanel(QWidget):
 
         def work(_report: Any, _stop: Any) -> list[CatalogRow]:
             hits = tuple(hit.entry() for hit in search_hub(text, endpoint=endpoint))
-            return catalog_rows(endpoint=endpoint, config=config, bandwidth=read_bandwidth,
+            return catalog_rows(endpoint=endpoint, config=config, bandwidth=read_speed,
                                 entries=hits)
 
         job = _Job(work, self)
@@ -254,6 +254,17 @@ class CatalogPanel(QWidget):
         self.status.setText(f"Getting {row.entry.title}…")
         self._update_buttons()
         job.start()
+
+    def get_entry(self, entry: CatalogEntry) -> None:
+        """Select ``entry`` (added to the table if it is not there) and Get it: the
+        welcome's suggestions start here."""
+        index = next((i for i, r in enumerate(self.rows) if r.entry.name == entry.name), None)
+        if index is None:
+            self.rows.append(CatalogRow(entry, None, "not checked yet"))
+            self._fill()
+            index = len(self.rows) - 1
+        self.table.selectRow(index)
+        self.get_selected()
 
     def cancel(self) -> None:
         if self.pull_job is not None:

@@ -1,6 +1,7 @@
-"""The Models page's Catalog tab, offscreen, against a worker of its own and the Hub
-stand-in: entries get their fit label from the Hub, **Get** pulls the best GGUF that fits
-into the app's model folder with progress, and the worker then serves it."""
+"""The Models page's Catalog tab and the welcome's suggestions, offscreen, against a worker
+of its own and the Hub stand-in: entries get their fit label from the Hub, **Get** pulls the
+best GGUF that fits into the app's model folder with progress, and the worker then serves
+it; a model labelled "fits with a shorter context (N tokens)" is served with N."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from app.paths import AppPaths
 from app.views.catalog_panel import CatalogPanel
 from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_view import ModelsView
+from app.views.welcome import WelcomeDialog
 from engine.hub import CatalogEntry
 from tests.app.conftest import connected, start_worker
 from tests.app.hub_standin import HubStandin
@@ -175,3 +177,50 @@ def test_a_model_labelled_shorter_context_loads_with_that_context_and_answers(
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+CHATS = (CatalogEntry("tiny-chat", "Tiny chat", "chat", "small", "gguf", GGUF_REPO, "",
+                      "*.gguf", "0.01B", "best that fits", 256, "apache-2.0", None, False,
+                      False, "https://huggingface.co/forge/Tiny-GGUF"),
+         CatalogEntry("bigger-chat", "Bigger chat", "chat", "small", "gguf", GGUF_REPO, "",
+                      "*.gguf", "0.02B", "best that fits", 256, "apache-2.0", None, False,
+                      False, "https://huggingface.co/forge/Tiny-GGUF"))
+
+
+def test_the_welcome_suggests_the_best_chat_and_code_models_one_click_each(
+        qtbot, own: AppContext, hub: HubStandin) -> None:
+    own.settings.set_value(ENDPOINT_KEY, hub.url)
+    entries = (*CHATS, ENTRY)
+    dialog = WelcomeDialog(own, entries=entries)
+    panel = CatalogPanel(own, entries=entries)
+    qtbot.addWidget(dialog)
+    qtbot.addWidget(panel)
+    dialog.get_requested.connect(panel.get_entry)
+    assert "built-in model is small" in dialog.text.text()  # no other model is loaded
+    qtbot.waitUntil(lambda: dialog.check_job is None, timeout=120_000)
+    chat, code = dialog.pick_buttons["chat"], dialog.pick_buttons["code"]
+    assert not chat.isHidden() and not code.isHidden(), dialog.suggest.text()
+    assert chat.text().startswith("Get Bigger chat (0.02B) for chat")  # the larger one
+    assert code.text().startswith("Get Tiny coder (0.01B) for code completion")
+    assert "fits" in code.text() and "tokens/s" in code.text()
+    code.click()
+    assert panel.pull_job is not None  # the Catalog tab's own Get
+    qtbot.waitUntil(lambda: panel.status.text().startswith(("Loaded", "Could")) or (
+        panel.pull_job is None and not panel.status.text().startswith("Took")),
+        timeout=120_000)
+    assert panel.status.text().startswith("Loaded"), panel.status.text()
+    assert [p.name for p in own.paths.models_dir.iterdir()] == ["tiny-coder-q4_k_m"]
+
+
+def test_the_welcome_offline_says_so_and_keeps_the_built_in_model(qtbot, paths) -> None:
+    context = AppContext(paths)
+    context.settings.set_value(ENDPOINT_KEY, "http://127.0.0.1:9")  # nothing listens
+    try:
+        dialog = WelcomeDialog(context, entries=(*CHATS, ENTRY))
+        qtbot.addWidget(dialog)
+        qtbot.waitUntil(lambda: dialog.check_job is None, timeout=120_000)
+        text = dialog.suggest.text()
+        assert "could not be reached" in text and "built-in model stays in use" in text
+        assert all(b.isHidden() for b in dialog.pick_buttons.values())
+    finally:
+        context.shutdown()
