@@ -201,7 +201,7 @@ class CatalogPanel(QWidget):
         if row.choice is None:
             return row.problem or ""
         fit = row.choice.fit
-        speed = f", up to {fit.tokens_per_second:.0f} tokens/s" if fit.tokens_per_second \
+        speed = f", about {fit.tokens_per_second:.0f} tokens/s" if fit.tokens_per_second \
             else ""
         return fit.text + speed
 

@@ -69,7 +69,7 @@ def catalog(args: argparse.Namespace) -> int:
             print(f"{e.name:34} {e.kind:9} {e.format:6} {'-':26} {'-':>9}  {r.problem}")
             continue
         c = r.choice
-        speed = (f", up to {c.fit.tokens_per_second:.0f} tok/s" if c.fit.tokens_per_second
+        speed = (f", about {c.fit.tokens_per_second:.0f} tok/s" if c.fit.tokens_per_second
                  else "")
         size = f"{c.download_bytes / 2**30:.2f}GiB"
         print(f"{e.name:34} {e.kind:9} {e.format:6} {c.quant[:26]:26} {size:>9}  "
