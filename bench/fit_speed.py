@@ -63,6 +63,7 @@ def main() -> None:
                      quantized=report.get("quantization") not in (None, "none", "fp32",
                                                                    "fp16", "float32"))
         engine = Engine.load(folder, EngineConfig())
+        engine.wait_huge_pages(timeout=30)  # as the catalog's measurement does
         quant = report.get("quantization")
         speeds = []
         for seed in range(3):
