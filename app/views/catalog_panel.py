@@ -48,7 +48,7 @@ from engine.hub import (
     hub_endpoint,
     load_catalog,
     pull_model,
-    read_bandwidth,
+    read_speed,
     search_hub,
 )
 
@@ -150,7 +150,7 @@ class CatalogPanel(QWidget):
             return
         endpoint, config, entries = self._endpoint(), self._config(), self.entries
         job = _Job(lambda _report, _stop: catalog_rows(
-            endpoint=endpoint, config=config, bandwidth=read_bandwidth, entries=entries), self)
+            endpoint=endpoint, config=config, bandwidth=read_speed, entries=entries), self)
         job.succeeded.connect(self._on_checked)
         job.failed.connect(self.status.setText)
         job.finished.connect(self._check_ended)
@@ -167,7 +167,7 @@ class CatalogPanel(QWidget):
 
         def work(_report: Any, _stop: Any) -> list[CatalogRow]:
             hits = tuple(hit.entry() for hit in search_hub(text, endpoint=endpoint))
-            return catalog_rows(endpoint=endpoint, config=config, bandwidth=read_bandwidth,
+            return catalog_rows(endpoint=endpoint, config=config, bandwidth=read_speed,
                                 entries=hits)
 
         job = _Job(work, self)
@@ -201,7 +201,7 @@ class CatalogPanel(QWidget):
         if row.choice is None:
             return row.problem or ""
         fit = row.choice.fit
-        speed = f", up to {fit.tokens_per_second:.0f} tokens/s" if fit.tokens_per_second \
+        speed = f", about {fit.tokens_per_second:.0f} tokens/s" if fit.tokens_per_second \
             else ""
         return fit.text + speed
 
@@ -255,6 +255,17 @@ class CatalogPanel(QWidget):
         self._update_buttons()
         job.start()
 
+    def get_entry(self, entry: CatalogEntry) -> None:
+        """Select ``entry`` (added to the table if it is not there) and Get it: the
+        welcome's suggestions start here."""
+        index = next((i for i, r in enumerate(self.rows) if r.entry.name == entry.name), None)
+        if index is None:
+            self.rows.append(CatalogRow(entry, None, "not checked yet"))
+            self._fill()
+            index = len(self.rows) - 1
+        self.table.selectRow(index)
+        self.get_selected()
+
     def cancel(self) -> None:
         if self.pull_job is not None:
             self.pull_job.stop.set()
@@ -281,8 +292,10 @@ class CatalogPanel(QWidget):
         self.status.setText(result.summary[:1].upper() + result.summary[1:]
                             + "; loading it…")
         self.pulled.emit(result)
-        reply = self.ctx.client.call("POST", "/v1/models/load",
-                                     {"model": str(result.folder)}, admin=True,
+        body: dict[str, Any] = {"model": str(result.folder)}
+        if result.context_length:  # "fits with a shorter context (N tokens)": load with N
+            body["context_length"] = result.context_length
+        reply = self.ctx.client.call("POST", "/v1/models/load", body, admin=True,
                                      timeout_ms=15 * 60_000)
         reply.finished.connect(lambda body: self._on_loaded(result, body))
         reply.failed.connect(lambda failure: self.ctx.report(
@@ -290,8 +303,10 @@ class CatalogPanel(QWidget):
 
     def _on_loaded(self, result: PullResult, body: Any) -> None:
         self.ctx.settings.set_value("library/last_model", str(result.folder))
-        self.status.setText(f"Loaded {body.get('id', result.folder.name)}: ready in the "
-                            "chat's model picker")
+        context = (body.get("meta") or {}).get("context_length")
+        with_context = f" with a {context}-token context" if context else ""
+        self.status.setText(f"Loaded {body.get('id', result.folder.name)}{with_context}: "
+                            "ready in the chat's model picker")
         self.ctx.refresh_model()
 
     def _update_buttons(self) -> None:

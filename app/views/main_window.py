@@ -318,7 +318,17 @@ class MainWindow(QMainWindow):
     def show_welcome(self) -> None:
         from app.views.welcome import WelcomeDialog
 
-        WelcomeDialog(self.ctx, self).open()
+        dialog = WelcomeDialog(self.ctx, self)
+        dialog.get_requested.connect(self.get_from_catalog)
+        dialog.open()
+
+    def get_from_catalog(self, entry: Any) -> None:
+        """The Models page's Catalog tab, getting ``entry`` (a welcome suggestion)."""
+        view: Any = self.show_view("models")
+        catalog = getattr(view, "catalog", None)
+        if catalog is not None:
+            view.tabs.setCurrentWidget(catalog)
+            catalog.get_entry(entry)
 
     def show_about(self) -> QWidget:
         from app.views.about import AboutDialog

@@ -4,8 +4,15 @@ fit labels for this machine, downloads with resume and verification, and ``pull`
 The app imports this package (and only this one below ``engine``) for its downloads.
 """
 
-from engine.hub.bandwidth import read_bandwidth
-from engine.hub.browse import CatalogRow, NotSupported, Variant, catalog_rows, variants
+from engine.hub.bandwidth import ReadSpeed, read_bandwidth, read_speed
+from engine.hub.browse import (
+    CatalogRow,
+    NotSupported,
+    Variant,
+    best_picks,
+    catalog_rows,
+    variants,
+)
 from engine.hub.catalog import CatalogEntry, find_entry, load_catalog
 from engine.hub.download import (
     DEFAULT_ENDPOINT,
@@ -35,8 +42,9 @@ pull_model = pull
 __all__ = [
     "DEFAULT_ENDPOINT", "PARTIAL_DIR", "CatalogEntry", "CatalogRow", "DownloadCancelled",
     "DownloadError", "DownloadOutcome", "DownloadRequest", "Fit", "NotSupported",
-    "PullEvent", "PullResult", "RemoteFile", "SearchHit", "Transfer", "Variant", "catalog_rows",
+    "PullEvent", "PullResult", "ReadSpeed", "RemoteFile", "SearchHit", "Transfer",
+    "Variant", "best_picks", "catalog_rows",
     "check_space", "describe_outcome", "disk_free", "explain", "file_digest", "find_entry",
     "hub_endpoint", "list_files", "load_catalog", "pull", "pull_model", "read_bandwidth",
-    "search_hub", "target_folder", "variants",
+    "read_speed", "search_hub", "target_folder", "variants",
 ]

@@ -9,7 +9,6 @@ decoder config, a GGUF of an architecture the importer does not convert) is refu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.hub.catalog import CatalogEntry, load_catalog
 from engine.hub.download import DownloadError, RemoteFile, explain, hub_endpoint
-from engine.hub.fit import FITS, SHORTER, Fit, assess, import_factor
+from engine.hub.fit import FITS, SHORTER, Bandwidth, Fit, assess, import_factor
 from engine.hub.remote import (
     Listing,
     gguf_files,
@@ -67,7 +66,7 @@ def _onnx_folders(listing: Listing) -> list[str]:
 
 
 def onnx_variant(listing: Listing, folder: str, config: EngineConfig,
-                 bandwidth: Callable[[], float] | float | None) -> Variant:
+                 bandwidth: Bandwidth) -> Variant:
     repo, endpoint = listing.request.repo_id, listing.request.endpoint
     files = [f for f in listing.under(folder) if _folder(f.path) == folder.strip("/")]
     names = {PurePosixPath(f.path).name for f in files}
@@ -87,13 +86,13 @@ def onnx_variant(listing: Listing, folder: str, config: EngineConfig,
     weights = sum(f.size for f in files if f.path.endswith(_WEIGHT_SUFFIXES))
     quant = "int4" if "int4" in folder.lower() else ("fp16" if "fp16" in folder.lower()
                                                     else "as exported")
-    fit = assess(weights, shape, config, bandwidth=bandwidth)
+    fit = assess(weights, shape, config, bandwidth=bandwidth, quantized=quant == "int4")
     return Variant(repo, "onnx", folder.strip("/"), quant, sum(f.size for f in files), fit,
                    tuple(files), listing.commit)
 
 
 def gguf_variants(listing: Listing, pattern: str, config: EngineConfig,
-                  bandwidth: Callable[[], float] | float | None) -> list[Variant]:
+                  bandwidth: Bandwidth) -> list[Variant]:
     repo, endpoint = listing.request.repo_id, listing.request.endpoint
     found = gguf_files(listing.files, pattern)
     if not found:
@@ -104,14 +103,15 @@ def gguf_variants(listing: Listing, pattern: str, config: EngineConfig,
     for f in sorted(found, key=lambda f: f.size):
         quant = quant_of(f.path) or "unknown"
         weights = int(f.size * import_factor(quant))
-        fit = assess(weights, shape, config, bandwidth=bandwidth, estimated=True)
+        fit = assess(weights, shape, config, bandwidth=bandwidth, estimated=True,
+                     quantized=not quant.upper().startswith(("F16", "F32", "BF16")))
         out.append(Variant(repo, "gguf", f.path, quant, f.size, fit, (f,), listing.commit))
     return out
 
 
 def variants(repo: str, *, endpoint: str = "", subfolder: str | None = None,
              pattern: str = "*.gguf", config: EngineConfig | None = None,
-             bandwidth: Callable[[], float] | float | None = None) -> list[Variant]:
+             bandwidth: Bandwidth = None) -> list[Variant]:
     """Everything ``repo`` offers that this engine runs, smallest first; NotSupported when
     nothing."""
     config = config or EngineConfig()
@@ -167,7 +167,7 @@ class CatalogRow:
 
 
 def catalog_rows(*, endpoint: str = "", config: EngineConfig | None = None,
-                 bandwidth: Callable[[], float] | float | None = None,
+                 bandwidth: Bandwidth = None,
                  entries: tuple[CatalogEntry, ...] | None = None) -> list[CatalogRow]:
     """Each catalog entry with what this machine would get and its label; an entry whose
     repository could not be read carries the reason instead."""
@@ -197,3 +197,40 @@ def catalog_rows(*, endpoint: str = "", config: EngineConfig | None = None,
                 why = f"the Hub was not reached ({where}: {type(exc).__name__})"
             rows.append(CatalogRow(entry, None, why))
     return rows
+
+
+#: The welcome's suggestions decode at least this fast here (when the speed is known): a
+#: reading pace, so a bigger model that would crawl is not the one suggested.
+PICK_TOKENS_PER_SECOND = 5.0
+
+
+def billions(parameters: str) -> float:
+    """``"1.5B"`` -> 1.5, ``"135M"`` -> 0.135 (0 when unreadable)."""
+    text = parameters.strip().upper()
+    scale = {"B": 1.0, "M": 1e-3}.get(text[-1:], 0.0)
+    try:
+        return float(text[:-1]) * scale
+    except ValueError:
+        return 0.0
+
+
+def best_picks(rows: list[CatalogRow], kinds: tuple[str, ...] = ("chat", "code")
+               ) -> dict[str, CatalogRow]:
+    """For each of ``kinds``, the catalog entry to suggest on this machine: among those
+    labelled "fits" (their whole context), the largest that decodes at
+    :data:`PICK_TOKENS_PER_SECOND` or more here; when none is that fast, the fastest one
+    that fits. A kind with nothing that fits has no pick."""
+    def speed(row: CatalogRow) -> float | None:
+        return row.choice.fit.tokens_per_second if row.choice is not None else None
+
+    picks: dict[str, CatalogRow] = {}
+    for kind in kinds:
+        fitting = [r for r in rows if r.entry.kind == kind and r.choice is not None
+                   and r.choice.fit.label == FITS]
+        quick = [r for r in fitting if (speed(r) or PICK_TOKENS_PER_SECOND)
+                 >= PICK_TOKENS_PER_SECOND]
+        if quick:
+            picks[kind] = max(quick, key=lambda r: billions(r.entry.parameters))
+        elif fitting:
+            picks[kind] = max(fitting, key=lambda r: speed(r) or 0.0)
+    return picks

@@ -55,10 +55,10 @@ def _config(args: argparse.Namespace) -> EngineConfig:
 
 
 def catalog(args: argparse.Namespace) -> int:
-    from engine.hub.bandwidth import read_bandwidth
+    from engine.hub.bandwidth import read_speed
     from engine.hub.browse import catalog_rows
 
-    rows = catalog_rows(endpoint=args.endpoint, config=_config(args), bandwidth=read_bandwidth)
+    rows = catalog_rows(endpoint=args.endpoint, config=_config(args), bandwidth=read_speed)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
         return 0
@@ -69,7 +69,7 @@ def catalog(args: argparse.Namespace) -> int:
             print(f"{e.name:34} {e.kind:9} {e.format:6} {'-':26} {'-':>9}  {r.problem}")
             continue
         c = r.choice
-        speed = (f", up to {c.fit.tokens_per_second:.0f} tok/s" if c.fit.tokens_per_second
+        speed = (f", about {c.fit.tokens_per_second:.0f} tok/s" if c.fit.tokens_per_second
                  else "")
         size = f"{c.download_bytes / 2**30:.2f}GiB"
         print(f"{e.name:34} {e.kind:9} {e.format:6} {c.quant[:26]:26} {size:>9}  "
@@ -81,7 +81,7 @@ def catalog(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
-    from engine.hub.bandwidth import read_bandwidth
+    from engine.hub.bandwidth import read_speed
     from engine.hub.download import DownloadCancelled, DownloadError
     from engine.hub.pull import PullEvent
     from engine.hub.pull import pull as run_pull
@@ -103,7 +103,7 @@ def pull(args: argparse.Namespace) -> int:
     try:
         result = run_pull(args.spec, args.models_dir or default_models_dir(),
                           endpoint=args.endpoint, config=_config(args), progress=show,
-                          bandwidth=read_bandwidth)
+                          bandwidth=read_speed)
     except DownloadCancelled:
         print("error: cancelled; pull again to continue where it stopped", file=sys.stderr)
         return 130

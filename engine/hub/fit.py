@@ -15,10 +15,11 @@ Weights: the sizes of the repository's files (ONNX: ``.onnx`` and external data)
 is converted on download; its weights after the import are estimated from the file size
 and its quantization (:data:`IMPORT_FACTORS`).
 
-Expected decode speed: read bandwidth (measured once, :mod:`engine.hub.bandwidth`) over
-the bytes a step reads: the weights and the KV of a :data:`SPEED_CONTEXT`-token context.
-It is a ceiling: small and int4 models spend part of a step computing rather than reading
-(``python -m bench.fit_speed`` sets it beside the measured speed).
+Expected decode speed: the bytes a step can read per second (measured once,
+:mod:`engine.hub.bandwidth`: the engine's fp32 matrix-vector products, times the share a
+quantized model gets, measured on the built-in model) over the bytes a step reads: the
+weights and the KV of a :data:`SPEED_CONTEXT`-token context (``python -m bench.fit_speed``
+sets it beside the measured speed).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.hub.bandwidth import ReadSpeed
 from engine.hub.remote import ModelShape
 from engine.memory.governor import governor_for
 from engine.memory.limits import TIER_LABELS, format_bytes, parse_limit
@@ -50,6 +52,10 @@ def import_factor(quant: str | None) -> float:
         if q.startswith(key):
             return IMPORT_FACTORS[key]
     return 1.25
+
+
+#: What the expected speed is computed from: bytes/s, a ReadSpeed, or a function giving one.
+Bandwidth = Callable[[], "float | ReadSpeed"] | float | ReadSpeed | None
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,8 @@ class Fit:
         if self.kv_tokens is not None and self.label != TOO_BIG:
             parts.append(f"room for {self.kv_tokens} tokens of KV")
         if self.tokens_per_second:
-            parts.append(f"decode up to about {self.tokens_per_second:.1f} tokens/s here (the "
-                         "read bandwidth over the bytes a step reads)")
+            parts.append(f"decode about {self.tokens_per_second:.1f} tokens/s here (what a "
+                         "step reads per second on this machine over the bytes it reads)")
         text = "; ".join(parts)
         return f"{text}. {self.refusal}" if self.refusal else text
 
@@ -106,10 +112,11 @@ def engine_provider(config: EngineConfig, weights_bytes: int) -> str:
 
 
 def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = None, *,
-           bandwidth: Callable[[], float] | float | None = None,
-           provider: str | None = None, estimated: bool = False) -> Fit:
+           bandwidth: Bandwidth = None, provider: str | None = None,
+           estimated: bool = False, quantized: bool = False) -> Fit:
     """The label for a model of ``weights_bytes`` and ``shape`` under ``config``'s limits;
-    ``bandwidth``: bytes/s (or a function measuring it) for the expected speed."""
+    ``bandwidth``: bytes/s or a :class:`ReadSpeed` (or a function measuring it) for the
+    expected speed; ``quantized``: the weights are int4/int8 (the ReadSpeed's share)."""
     config = config or EngineConfig()
     provider = provider or engine_provider(config, weights_bytes)
     context = min(shape.context, config.kv_max_len or shape.context)
@@ -126,7 +133,9 @@ def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = 
         label = SHORTER
     speed = None
     if bandwidth is not None:
-        bps = bandwidth() if callable(bandwidth) else bandwidth
+        measured = bandwidth() if callable(bandwidth) else bandwidth
+        bps = (measured.for_weights(quantized) if isinstance(measured, ReadSpeed)
+               else measured)
         read = weights_bytes + per_token * min(context, SPEED_CONTEXT)
         speed = round(bps / read, 2) if read > 0 and bps > 0 else None
     return Fit(label, weights_bytes, per_token, context, budget.kv_tokens, budget.limit_bytes,

@@ -8,7 +8,9 @@
 2. check the disk before the first byte (the download, and for a GGUF its conversion);
 3. download into a hidden staging folder of the library (``.pull-<name>``), resumed where a
    previous try stopped, every file verified against the Hub's hash;
-4. GGUF: convert with the engine's importer; ONNX: check the folder is whole;
+4. GGUF: convert with the engine's importer; ONNX: check the folder is whole; write
+   ``pull.json`` (where it came from; for a "fits with a shorter context (N tokens)" label,
+   ``context_length`` N: the worker loads it with that context, :func:`pulled_context`);
 5. rename the finished folder into place (atomic on one drive): the library never shows a
    half-written model. A failure leaves a clear message and no model folder (the staging
    folder stays only to resume an interrupted download; a corrupt file is removed).
@@ -39,6 +41,7 @@ from engine.hub.download import (
     explain,
     hub_endpoint,
 )
+from engine.hub.fit import SHORTER, Bandwidth
 from engine.model.folders import completeness_problem, human_size
 
 PULL_FILE = "pull.json"
@@ -70,7 +73,31 @@ class PullResult:
         chosen = (f"took {what}, the best that fits here ({v.fit.text})"
                   if v.format == "gguf" else f"took {what} ({v.fit.text})")
         done = "already in the library" if self.already else "ready"
-        return f"{chosen}; {done}: {self.folder}"
+        short = (f"; it loads with a {self.context_length}-token context"
+                 if self.context_length else "")
+        return f"{chosen}{short}; {done}: {self.folder}"
+
+    @property
+    def context_length(self) -> int | None:
+        """The shorter context the label gave (the one the model loads with), if any."""
+        return shorter_context(self.variant)
+
+
+def shorter_context(variant: Variant) -> int | None:
+    """N of "fits with a shorter context (N tokens)"; None for the other labels."""
+    return variant.fit.kv_tokens if variant.fit.label == SHORTER else None
+
+
+def pulled_context(folder: Path) -> int | None:
+    """The context a pulled model loads with: the N its label gave when it was pulled
+    (``context_length`` in its ``pull.json``), or None (its own context)."""
+    try:
+        value = json.loads((Path(folder) / PULL_FILE).read_text(encoding="utf-8")
+                           ).get("context_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 16 \
+        else None
 
 
 def parse_spec(spec: str, entries: tuple[CatalogEntry, ...] | None = None
@@ -101,7 +128,7 @@ def pull(spec: str, models_dir: Path, *, endpoint: str = "",
          config: EngineConfig | None = None, progress: Callable[[PullEvent], None] = print,
          cancelled: Callable[[], bool] = lambda: False,
          free_space: FreeSpace = disk_free,
-         bandwidth: Callable[[], float] | float | None = None,
+         bandwidth: Bandwidth = None,
          entries: tuple[CatalogEntry, ...] | None = None) -> PullResult:
     """Pull ``spec`` into ``models_dir``; raises DownloadError (NotSupported,
     DownloadCancelled) with the sentence to show."""
@@ -219,4 +246,7 @@ def _record(spec: str, entry: CatalogEntry | None, v: Variant) -> dict[str, Any]
             "format": v.format, "path": v.path, "quantization": v.quant,
             "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in v.files],
             "label_when_pulled": v.fit.text,
+            # the model loads with this context (POST /v1/models/load, the app) so that
+            # its KV stays within the limit the label was judged under
+            "context_length": shorter_context(v),
             "download": human_size(v.download_bytes)}

@@ -70,8 +70,9 @@ async def set_library_roots(body: LibraryRootsRequest, ctx: Ctx) -> dict[str, An
 @router.post("/v1/models/load")
 async def load_model(body: LoadModelRequest, ctx: Ctx
                      ) -> dict[str, Any]:
-    """Load a model from the library (the current one is unloaded first)."""
-    model = await ctx.models.load(body.model)
+    """Load a model from the library (the current one is unloaded first), with
+    ``context_length`` tokens of context at most when given."""
+    model = await ctx.models.load(body.model, body.context_length)
     return {**model_card(model), "state": ctx.models.state, "path": str(model.path)}
 
 

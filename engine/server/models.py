@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -221,24 +221,40 @@ class ModelManager:
 
     # --- load / unload ----------------------------------------------------------------
 
+    def config_for(self, path: Path, context_length: int | None = None) -> EngineConfig:
+        """The configuration ``path`` loads with: the context capped at ``context_length``,
+        else at the one its ``pull.json`` gives (a model pulled as "fits with a shorter
+        context (N tokens)" loads with N, so its KV stays within the limit)."""
+        from engine.hub.pull import pulled_context
+
+        cap = context_length or pulled_context(path)
+        if cap is None:
+            return self._config
+        if self._config.kv_max_len is not None:
+            cap = min(cap, self._config.kv_max_len)
+        log.info("%s loads with a %d-token context%s", path.name, cap,
+                 "" if context_length else " (its pull.json: the context that fits here)")
+        return replace(self._config, kv_max_len=cap)
+
     def load_now(self, path: Path) -> LoadedModel:
         """Load synchronously (at start-up, before the engine thread serves requests)."""
-        engine = Engine.load(path, self._config)
+        engine = Engine.load(path, self.config_for(path))
         model = self._served(engine)
         self.current, self.state = model, "ready"
         if self._trusted is not None and model.path.resolve() == self._trusted:
             self._trusted_names.add(_norm(model.id))
         return model
 
-    async def load(self, name: str) -> LoadedModel:
-        """Load ``name`` on the engine thread; the old model is dropped first."""
+    async def load(self, name: str, context_length: int | None = None) -> LoadedModel:
+        """Load ``name`` on the engine thread (its context capped at ``context_length``,
+        :meth:`config_for`); the old model is dropped first."""
         if self.state == "loading":
             raise ApiError(409, f"the model {self.loading} is already loading",
                            code="model_loading", retry_after_s=2)
         path = self.resolve(name)
         previous = [self.current] if self.current is not None else []
         self.current, self.state, self.loading = None, "loading", name
-        config, limits = self._config, dict(self.limits)
+        config, limits = self.config_for(path, context_length), dict(self.limits)
 
         def job(cancel: Any) -> Iterator[Engine]:
             while previous:  # close the old engine and drop the last reference held here

@@ -348,6 +348,9 @@ class OllamaChatRequest(_Body):
 
 class LoadModelRequest(_Body):
     model: Annotated[str, Field(min_length=1, max_length=4096)]
+    #: Tokens of context to load with (a cap on the model's own); unset: the one its
+    #: ``pull.json`` gives ("fits with a shorter context (N tokens)"), else the model's.
+    context_length: Annotated[int, Field(ge=16, le=1 << 24)] | None = None
 
 
 class LibraryRootsRequest(_Body):

@@ -35,6 +35,7 @@ def slow_4k(tmp_path_factory) -> Path:
 def window(qtbot, paths, models_root):
     ctx = AppContext(paths)
     ctx.settings.set_value("welcome/shown", True)
+    ctx.settings.set_value("library/hf_endpoint", "http://127.0.0.1:9")  # no Hub reached
     ctx.settings.set_value("worker/threads", 1)
     ctx.settings.set_value("chat/sampling", {"temperature": 0.0, "max_tokens": 64})
     ctx.settings.set_model_roots([str(models_root)])

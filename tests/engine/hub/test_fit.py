@@ -10,9 +10,10 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine.errors import ResourceLimitError
-from engine.hub.bandwidth import read_bandwidth
+from engine.hub.bandwidth import ReadSpeed, read_bandwidth, read_speed
 from engine.hub.browse import variants
-from engine.hub.fit import FITS, SHORTER, TOO_BIG, import_factor
+from engine.hub.fit import FITS, SHORTER, SPEED_CONTEXT, TOO_BIG, assess, import_factor
+from engine.hub.remote import ModelShape
 from engine.memory.limits import format_bytes
 from engine.model.gguf import import_gguf
 from engine.model.model_dir import load_model_dir
@@ -114,3 +115,21 @@ def test_read_bandwidth_is_measured_once_and_cached(tmp_path):
     saved["machine"] = "another machine"
     cache.write_text(json.dumps(saved))
     assert read_bandwidth(cache) != 12345.0  # another machine: measured
+
+
+def test_quantized_models_get_the_share_of_the_bandwidth_measured_on_the_built_in_model(
+        tmp_path):
+    cache = tmp_path / "bandwidth.json"
+    speed = read_speed(cache)
+    saved = json.loads(cache.read_text())
+    assert saved["quantized_model"] == "smollm2-135m-instruct"  # int4, decoded once
+    assert 0 < speed.quantized_efficiency == saved["quantized_efficiency"] <= 2
+    saved["quantized_efficiency"] = 0.25
+    cache.write_text(json.dumps(saved))
+    assert read_speed(cache).quantized_efficiency == 0.25  # not measured again
+    shape = ModelShape(4, 8, 64, 2048, 4)
+    read = 100 * MIB + shape.kv_bytes_per_token * SPEED_CONTEXT
+    fp32 = assess(100 * MIB, shape, bandwidth=ReadSpeed(1e9, 0.25))
+    int4 = assess(100 * MIB, shape, bandwidth=ReadSpeed(1e9, 0.25), quantized=True)
+    assert fp32.tokens_per_second == round(1e9 / read, 2)
+    assert int4.tokens_per_second == round(0.25e9 / read, 2)
