@@ -146,11 +146,13 @@ class WelcomeDialog(QDialog):
                              f"suggested: {builtin}. <i>Models → Catalog</i> can look again "
                              f"later, and <i>Models → Library</i> adds a model already on "
                              f"this computer. ({why})")
+        self.adjustSize()  # the dialog grows to the text: nothing is clipped
 
     def _on_checked(self, rows: list[CatalogRow]) -> None:
         if rows and all(r.choice is None for r in rows):
-            reasons = sorted({r.problem or "" for r in rows})
-            self._offline(self._endpoint(), "; ".join(reasons)[:300])
+            # the rows say the same thing, some with the detail: the fullest one
+            reason = max((r.problem or "" for r in rows), key=len)
+            self._offline(self._endpoint(), reason[:300])
             return
         self.picks = best_picks(rows, tuple(PICKS))
         for kind, button in self.pick_buttons.items():
@@ -164,6 +166,7 @@ class WelcomeDialog(QDialog):
             "reading pace here; <i>Models → Catalog</i> lists them all):"
             if self.picks else "None of the catalog's chat or code models fits this "
             "computer's memory limit: the built-in model stays in use.")
+        self.adjustSize()
 
     def _get(self, kind: str) -> None:
         row = self.picks.get(kind)
