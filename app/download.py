@@ -12,30 +12,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from engine.hub import (
-    DEFAULT_ENDPOINT,
-    PARTIAL_DIR,
-    DownloadCancelled,
-    DownloadError,
-    DownloadOutcome,
-    DownloadRequest,
-    RemoteFile,
-    Transfer,
-    check_space,
-    describe_outcome,
-    explain,
-    file_digest,
-    hub_endpoint,
-    list_files,
-    target_folder,
-)
+from engine.hub import DownloadCancelled, DownloadRequest, Transfer, explain
 
-__all__ = [
-    "DEFAULT_ENDPOINT", "PARTIAL_DIR", "DownloadCancelled", "DownloadError", "DownloadJob",
-    "DownloadOutcome", "DownloadRequest", "RemoteFile", "Transfer", "check_space",
-    "describe_outcome", "explain", "file_digest", "hub_endpoint", "list_files",
-    "target_folder",
-]
+__all__ = ["DownloadJob"]
 
 _RUNNING: set[DownloadJob] = set()  # alive until their thread ends, whatever the view does
 

@@ -333,6 +333,9 @@ class StreamWriter:
     def append_thought(self, piece: str) -> None:
         """A reasoning model's thought text: saved apart from the answer."""
         self._thoughts.append(piece)
+        self._added()
+
+    def _added(self) -> None:
         self._pending += 1
         if self._pending >= self.every:
             self.flush()
@@ -341,11 +344,7 @@ class StreamWriter:
 
     def append(self, piece: str) -> None:
         self._parts.append(piece)
-        self._pending += 1
-        if self._pending >= self.every:
-            self.flush()
-        else:
-            self.flush_if_due()
+        self._added()
 
     def flush_if_due(self) -> None:
         if self._pending and self._clock() - self._last >= self.interval_s:

@@ -22,15 +22,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.context import AppContext
-from app.download import (
-    DownloadJob,
-    DownloadOutcome,
-    DownloadRequest,
-    describe_outcome,
-    hub_endpoint,
-)
+from app.download import DownloadJob
 from app.library import human_size
 from app.views.models_table import named
+from engine.hub import DownloadOutcome, DownloadRequest, describe_outcome, hub_endpoint
 
 ENDPOINT_KEY = "library/hf_endpoint"
 _SCALE = 1000  # the bar counts per mille: byte counts overflow its int range

@@ -43,11 +43,7 @@ def test_the_picker_lists_the_library_marks_the_loaded_model_and_loads_another(
         assert done.args[0].state == "done"
         ctx.store.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
 
 
 def test_a_model_loaded_from_outside_the_library_is_the_one_shown(
@@ -71,8 +67,12 @@ def test_a_model_loaded_from_outside_the_library_is_the_one_shown(
         assert picker.currentText() == loaded[0]  # not a library model in its place
         ctx.store.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()

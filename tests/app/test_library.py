@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from app.download import DownloadError, check_space
 from app.library import (
     LibraryRoot,
     huggingface_cache,
@@ -19,6 +18,7 @@ from app.library import (
     where_it_runs,
 )
 from engine import completeness_problem, folder_size
+from engine.hub import DownloadError, check_space
 from tests.app.conftest import TINY
 
 

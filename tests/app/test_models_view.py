@@ -15,12 +15,12 @@ import pytest
 
 from app.client import WorkerClient
 from app.context import AppContext
-from app.download import PARTIAL_DIR
 from app.paths import AppPaths
 from app.views import models_view
 from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_view import ModelsView
 from engine import folder_size, human_size
+from engine.hub import PARTIAL_DIR
 from tests.app.conftest import TINY, connected, start_worker
 from tests.app.hub_standin import HubStandin
 
