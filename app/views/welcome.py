@@ -28,8 +28,14 @@ from app.context import AppContext
 from app.paths import resources_dir
 from app.views import named
 from engine import EngineConfig, human_size
-from engine.hub import CatalogEntry, CatalogRow, best_picks, hub_endpoint, load_catalog
-from engine.hub.browse import catalog_rows
+from engine.hub import (
+    CatalogEntry,
+    CatalogRow,
+    best_picks,
+    catalog_rows,
+    hub_endpoint,
+    load_catalog,
+)
 
 #: What each suggestion is for, by catalog kind.
 PICKS = {"chat": "for chat", "code": "for code completion in your editor"}

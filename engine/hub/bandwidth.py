@@ -35,6 +35,15 @@ import numpy as np
 import platformdirs
 import psutil
 
+from engine.api import GenerateRequest
+from engine.config import EngineConfig, GenerateOptions
+from engine.engine import Engine
+from engine.model.default_model import default_model_dir
+from engine.model.onnx_proto import FLOAT
+from engine.model.onnx_writer import OnnxWriter, tensor_info
+from engine.runtime.hugepages import advise_huge_pages
+from engine.runtime.providers import make_session
+
 APP_NAME = "onnx-local-llm"
 #: Bumped when the way of measuring changes: older figures are measured again.
 VERSION = 2
@@ -79,11 +88,6 @@ def measure(weight_bytes: int = _WEIGHT_BYTES, rounds: int = _ROUNDS) -> float:
     """Bytes per second the engine's ONNX Runtime session reads in fp32 matrix-vector
     products (one row by ``weight_bytes`` of [2048, 2048] weights, in a chain); the best
     of ``rounds``, back to back."""
-    from engine.config import EngineConfig
-    from engine.model.onnx_proto import FLOAT
-    from engine.model.onnx_writer import OnnxWriter, tensor_info
-    from engine.runtime.hugepages import advise_huge_pages
-    from engine.runtime.providers import make_session
 
     count = max(1, weight_bytes // (_SIDE * _SIDE * 4))
     with tempfile.TemporaryDirectory(prefix="read-bandwidth-") as folder:
@@ -116,8 +120,6 @@ def measure_quantized_efficiency(bytes_per_second: float,
     """The share of ``bytes_per_second`` a quantized model's decode gets: the built-in
     model (int4) decoded for 64 greedy tokens (best of 3); (share, the model's name), None when the
     model is not there."""
-    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
-    from engine.model.default_model import default_model_dir
 
     folder = model or default_model_dir()
     if folder is None:
