@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from urllib.parse import urlparse
 
 from engine.model.folders import completeness_problem, human_size
@@ -90,14 +90,21 @@ def hub_endpoint(configured: str = "") -> str:
 
 
 def target_folder(models_dir: Path, request: DownloadRequest) -> Path:
-    return models_dir.joinpath(*request.repo_id.split("/"),
-                               *PurePosixPath(request.subfolder.strip("/")).parts)
+    sub = request.subfolder.strip("/")
+    return models_dir.joinpath(*_safe_parts(request.repo_id, "repo id"),
+                               *(_safe_parts(sub, "subfolder") if sub else ()))
 
 
-def _safe_parts(path: str) -> tuple[str, ...]:
+def _safe_parts(path: str, what: str = "file") -> tuple[str, ...]:
+    """``path``'s parts, each a plain name on every system: no ``..``, no anchor, no
+    backslash or drive colon (Windows would read ``..\\x`` or ``C:\\x`` inside one part
+    as a path of its own and write outside the library)."""
     parts = PurePosixPath(path).parts
-    if not parts or path.startswith("/") or ".." in parts:
-        raise DownloadError(f"the hub listed a file with an unsafe path: {path!r}")
+    if (not parts or path.startswith("/") or ".." in parts
+            or any("\\" in p or ":" in p or p in (".", "") for p in parts)
+            or PureWindowsPath(path).anchor):
+        raise DownloadError(f"the hub listed a {what} with an unsafe path: {path!r} (a "
+                            "repository's files must be plain relative names)")
     return parts
 
 
