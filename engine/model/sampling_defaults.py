@@ -97,6 +97,13 @@ class ModelSampling:
         return {name: rec.as_dict() for name, rec in self.for_dialect(dialect, code).items()}
 
 
+#: The ranges a request's fields are held to (engine.server.schemas): a recommendation
+#: outside them is left out (and named, for a preset) instead of failing every request.
+RANGES: dict[str, tuple[float, float]] = {"temperature": (0.0, 100.0), "top_p": (0.0, 1.0),
+                                          "min_p": (0.0, 1.0), "top_k": (-1, math.inf),
+                                          "repetition_penalty": (0.01, 100.0)}
+
+
 def _number(name: str, raw: Any) -> float | int:
     kind = FIELDS[name]
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
@@ -126,7 +133,13 @@ def _fields(raw: Mapping[str, Any], source: str, *, strict: bool,
                                 f"{', '.join(sorted({*FIELDS, *ALIASES}))})")
             continue
         try:
-            out[name] = Recommended(_number(name, raw_value), source)
+            value = _number(name, raw_value)
+            if name == "max_tokens" and value < 1:
+                continue  # Ollama's -1 / -2, llama.cpp's -1: no limit, as a bare request
+            low, high = RANGES.get(name, (-math.inf, math.inf))
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected {low:g} to {high:g}, got {raw_value!r}")
+            out[name] = Recommended(value, source)
         except ValueError as exc:
             if strict:
                 problems.append(str(exc))

@@ -193,3 +193,23 @@ def test_the_routes_show_each_value_and_where_it_came_from(live):
     assert "PARAMETER repeat_penalty 1.2" in show["modelfile"]
     assert "PARAMETER num_predict 5" in show["modelfile"]
     assert "top_k" in show["parameters"]
+
+
+def test_a_preset_value_out_of_range_is_named_and_left_out(tmp_path: Path):
+    """A Modelfile's ``num_predict -1`` means no limit (not a 400 on every request), and a
+    value outside the request ranges is left out with a problem instead of reaching the
+    sampler on one dialect and a 400 on another."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    presets = tmp_path / "presets.json"
+    presets.write_text(json.dumps({"m": {"num_predict": -1, "temperature": -1, "top_p": 5,
+                                         "repeat_penalty": 0, "top_k": 30}}),
+                       encoding="utf-8")
+    sampling = model_sampling(folder, ["m"], presets)
+    assert set(sampling.general) == {"top_k"}
+    assert sampling.table("openai")["top_k"] == {"value": 30, "source": "preset"}
+    problems = " ".join(sampling.problems)
+    assert "temperature: expected 0 to 100, got -1" in problems
+    assert "top_p: expected 0 to 1, got 5" in problems
+    assert "repetition_penalty: expected 0.01 to 100, got 0" in problems
+    assert "max_tokens" not in problems
