@@ -45,6 +45,9 @@ class ConstraintSpec:
     schema: Mapping[str, Any] | None = None
     object_only: bool = False
     text: str | None = None
+    #: The grammar lets free text come first (a tool call with ``tool_choice: auto``): a
+    #: reasoning model's thoughts are kept apart from the answer under it too.
+    prose_first: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:

@@ -21,7 +21,9 @@ from engine.runtime.runner import DecodeRunner
 from engine.text.reasoning import ThoughtSplitter, think_tags, thought_mode
 from engine.text.tokenizer import Tokenizer
 
-_FLUSHED = ("max_tokens", "length", "cancelled", "json_complete")
+#: Endings whose held-back text is still output (at EOS it can no longer become a stop
+#: string, a think tag or a longer character).
+_FLUSHED = ("max_tokens", "length", "cancelled", "json_complete", "eos_token")
 
 
 class RequestRun:
@@ -67,13 +69,16 @@ class RequestRun:
     def _thought_splitter(request: GenerateRequest, prompt: list[int], tokenizer: Tokenizer
                           ) -> tuple[ThoughtSplitter | None, dict[int, str]]:
         """A chat request to a reasoning model splits its thoughts from its answer (also a
-        chat turn given as ids that says so; not under a constraint: a grammar shapes the
+        chat turn given as ids that says so; under a constraint only when its grammar lets
+        free text come first, as a tool call's ``auto`` does: a JSON format shapes the
         whole output); the tags' texts by id where the detokenizer would drop them."""
         mode = request.thoughts
         if mode is None and request.messages is not None:
             mode = thought_mode(tokenizer, prompt)
         tags = think_tags(tokenizer)
-        if mode in (None, "off") or tags is None or request.options.constraint is not None:
+        constraint = request.options.constraint
+        if mode in (None, "off") or tags is None or (constraint is not None
+                                                       and not constraint.prose_first):
             return None, {}
         skipped = {i: t for i, t in ((tags.open_id, tags.open), (tags.close_id, tags.close))
                    if i is not None and i in tokenizer.skipped_ids}
@@ -123,7 +128,8 @@ class RequestRun:
                              constraint: TokenConstraint) -> GenerateEvent | None:
         """`on_step` under a constraint: stops wait for a complete answer, no text is held
         back or cut, and a closed grammar ends the generation."""
-        text = self._detok.add(step.token_id)
+        thought_before = len(self._thought_pieces)
+        text = self._answer_text(step.token_id)
         complete = constraint.complete
         full = "".join(self._pieces) + text if complete else text
         finish = self._stopper.check_constrained(step.token_id, self.sampled, full, len(text),
@@ -140,7 +146,8 @@ class RequestRun:
                 len(self.sampled) < self.request.options.max_new_tokens:
             finish = FinishReason("length")
         self.finish = finish
-        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter())
+        return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter(),
+                             thought="".join(self._thought_pieces[thought_before:]))
 
     def advance(self) -> list[GenerateEvent]:
         """Run this request alone for one step: a prefill chunk, or a decode step (which
@@ -166,16 +173,13 @@ class RequestRun:
         finish = self.finish or FinishReason("cancelled" if self.cancelled else "max_tokens")
         events = []
         if finish.kind in _FLUSHED:
-            thought = ""
-            if self._constraint is not None:
-                tail = self._detok.flush()
-            else:
-                tail = self._detok.flush()
-                if self._thoughts is not None:
-                    thought, tail = self._thoughts.feed(tail)
-                    more_thought, more = self._thoughts.flush()
-                    thought, tail = thought + more_thought, tail + more
-                    self._thought_pieces.append(thought)
+            tail, thought = self._detok.flush(), ""
+            if self._thoughts is not None:
+                thought, tail = self._thoughts.feed(tail)
+                more_thought, more = self._thoughts.flush()
+                thought, tail = thought + more_thought, tail + more
+                self._thought_pieces.append(thought)
+            if self._constraint is None:
                 tail, _ = self._stopper.feed_text(tail)
                 tail += self._stopper.flush()
             if tail or thought:

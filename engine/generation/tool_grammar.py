@@ -143,4 +143,5 @@ def tool_constraint(syntax: CallSyntax, tools: Sequence[Tool], *, mode: Mode,
                     parallel: bool) -> ConstraintSpec:
     """The constraint of :func:`tool_grammar` (compiled and validated)."""
     return ConstraintSpec("grammar", text=tool_grammar(syntax, tools, mode=mode,
-                                                       parallel=parallel))
+                                                       parallel=parallel),
+                          prose_first=mode == "auto")

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from engine import Engine, EngineConfig, GenerateRequest
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 from engine.text.tokenizer import Tokenizer
 from tests.engine.scripted_model import make_table, script_model
 from tests.engine.server.live import LiveServer, serve, write_model
@@ -149,3 +149,26 @@ def test_a_chat_kept_as_a_session_splits_its_thoughts_too(thinker: LiveServer):
             message = body["choices"][0]["message"]
             assert message["reasoning_content"] == THOUGHT + "\n"
             assert message["content"] == "It is four."
+
+
+def test_thoughts_stay_apart_under_a_tool_calls_auto_grammar(thinker_dir: Path):
+    """A tool call with ``tool_choice: auto`` lets free text come first: a reasoning
+    model's thoughts are split there too, and the call parser sees the answer only."""
+    from engine.generation.tool_grammar import tool_constraint
+    from engine.text.tool_calls import check_tools, detect_syntax
+
+    engine = Engine.load(thinker_dir, EngineConfig(intra_op_threads=1))
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}]
+    spec = tool_constraint(detect_syntax(engine.tokenizer), check_tools(tools), mode="auto",
+                           parallel=False)
+    result = engine.generate(GenerateRequest(messages=tuple(ASK), options=GenerateOptions(
+        constraint=spec, max_new_tokens=100)))
+    assert (result.thoughts, result.text) == (THOUGHT + "\n", "It is four.")
+
+
+def test_text_held_for_a_stop_string_is_kept_when_the_answer_ends(thinker_dir: Path):
+    engine = Engine.load(thinker_dir, EngineConfig(intra_op_threads=1))
+    result = engine.generate(GenerateRequest(messages=tuple(ASK), options=GenerateOptions(
+        stop_sequences=("four.?",), max_new_tokens=100)))
+    assert result.text == "It is four." and result.finish_reason.kind == "eos_token"
