@@ -18,14 +18,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import psutil
 
 from engine.config import EngineConfig
 from engine.hub.browse import NotSupported, Variant, best, variants
@@ -159,13 +162,55 @@ def pull(spec: str, models_dir: Path, *, endpoint: str = "",
             return PullResult(final, variant, entry, already=True)
         raise DownloadError(f"{final} exists but is not a whole model; remove it first")
     staging = models_dir / f".pull-{final.name}"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with _pulling(staging):
+        return _pull_into(staging, final, spec, entry, variant, endpoint, progress, cancelled,
+                          free_space)
+
+
+@contextlib.contextmanager
+def _pulling(staging: Path) -> Iterator[None]:
+    """One pull of a model at a time (two threads of the worker, the CLI beside it): they
+    would write the same staging files and remove them under each other. A lock file
+    names the process; one left by a process that is gone is taken over."""
+    lock = staging.with_name(staging.name + ".lock")
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = int(lock.read_text(encoding="utf-8").strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner and psutil.pid_exists(owner):
+                raise DownloadError(
+                    f"{staging.name[len('.pull-'):]} is already being pulled (process "
+                    f"{owner}); wait for that pull to finish, or cancel it") from None
+            lock.unlink(missing_ok=True)  # its process is gone: take it over
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(str(os.getpid()))
+        break
+    else:
+        raise DownloadError(f"could not take the pull lock {lock}")
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _pull_into(staging: Path, final: Path, spec: str, entry: CatalogEntry | None,
+               variant: Variant, endpoint: str, progress: Callable[[PullEvent], None],
+               cancelled: Callable[[], bool], free_space: FreeSpace) -> PullResult:
+    if final.exists() and completeness_problem(final) is None:  # the pull we waited on
+        progress(PullEvent("success"))
+        return PullResult(final, variant, entry, already=True)
     # the download, and for a GGUF the converted folder beside it
     needed = variant.download_bytes + (variant.fit.weights_bytes
                                        if variant.format == "gguf" else 0)
     have = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file()) \
         if staging.exists() else 0
-    models_dir.mkdir(parents=True, exist_ok=True)
-    check_space(models_dir, max(0, needed - have), free_space)
+    check_space(final.parent, max(0, needed - have), free_space)
     try:
         made = _download(variant, staging, endpoint, progress, cancelled, free_space)
         if variant.format == "gguf":

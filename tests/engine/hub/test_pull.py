@@ -5,6 +5,7 @@ a repository of nothing runnable) end with a clear message and no model folder."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,23 @@ def test_a_dropped_connection_is_resumed_where_it_stopped(hub, tmp_path):
     assert ranges[0] is None and len(ranges) == 2
     assert ranges[1] is not None and int(ranges[1][6:-1]) >= size // 4  # resumed, not restarted
     _answer(result.folder)
+
+
+def test_a_second_pull_of_the_same_model_waits_its_turn(hub, tmp_path):
+    """Two pulls of one model at once (two worker threads, the CLI beside the app) would
+    write the same staging files and remove them under each other: the second is refused
+    while the first's process lives; a lock its dead process left is taken over."""
+    lock = tmp_path / ".pull-Tiny-q4_k_m.lock"
+    tmp_path.mkdir(exist_ok=True)
+    lock.write_text(str(os.getpid()), encoding="utf-8")  # a pull running here now
+    with pytest.raises(DownloadError, match="already being pulled"):
+        pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    assert lock.exists() and not (tmp_path / ".pull-Tiny-q4_k_m").exists()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    lock.write_text(gone, encoding="utf-8")  # left by a process that has ended
+    result = pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    assert result.folder.name == "Tiny-q4_k_m" and not lock.exists()
 
 
 def test_a_corrupt_file_is_refused_and_removed(hub, tmp_path):
