@@ -55,3 +55,9 @@ def test_the_tested_versions_are_consecutive_and_the_smoke_files_exist():
     assert listed
     files = listed.group(1).split()
     assert files and all((ROOT / f).is_file() for f in files), files
+
+
+def test_ci_runs_the_other_versions():
+    """The claimed versions beyond CI's own are tested by every CI run, not by hand."""
+    run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "bash .ci/other_pythons" in run
