@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from engine.config import EngineConfig
+from engine.errors import EngineError
 from engine.hub.browse import NotSupported, Variant, best, variants
 from engine.hub.catalog import CatalogEntry, find_entry
 from engine.hub.download import (
@@ -219,16 +220,21 @@ def _pull_into(staging: Path, final: Path, spec: str, entry: CatalogEntry | None
             made = _convert(made, staging / "model", cancelled)
         problem = completeness_problem(made)
         if problem:
-            raise DownloadError(f"the downloaded model is not usable: {problem}")
+            raise _Unusable(f"the downloaded model is not usable: {problem}")
         progress(PullEvent("writing manifest"))
         (made / PULL_FILE).write_text(json.dumps(_record(spec, entry, variant), indent=2)
                                       + "\n", encoding="utf-8")
         os.replace(made, final)
     except (DownloadCancelled, KeyboardInterrupt):
         raise
-    except DownloadError as exc:
-        if not _resumable(exc):
-            shutil.rmtree(staging, ignore_errors=True)
+    except (_Unusable, EngineError):  # what was downloaded cannot become a model
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except (DownloadError, OSError):
+        # a dropped connection, a server error, a full disk, one file that failed its
+        # checksum (removed by the transfer): the verified files and the parts stay, and
+        # the next pull continues from them
+        _drop_if_empty(staging)
         raise
     except Exception:
         shutil.rmtree(staging, ignore_errors=True)
@@ -243,8 +249,13 @@ def _sentence(stage: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _resumable(exc: DownloadError) -> bool:
-    return "continue" in exc.message
+class _Unusable(DownloadError):
+    """What was downloaded is whole but cannot become a model: nothing to continue."""
+
+
+def _drop_if_empty(staging: Path) -> None:
+    if staging.exists() and not any(p.is_file() for p in staging.rglob("*")):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _download(variant: Variant, staging: Path, endpoint: str,
@@ -275,14 +286,13 @@ def _download(variant: Variant, staging: Path, endpoint: str,
 
 
 def _convert(gguf: Path, out: Path, cancelled: Callable[[], bool]) -> Path:
-    from engine.errors import EngineError
     from engine.model.gguf import import_gguf
 
     shutil.rmtree(out, ignore_errors=True)
     try:
         import_gguf(gguf, out, cancel=cancelled)
     except EngineError as exc:
-        raise DownloadError(f"{gguf.name} could not be converted: {exc}") from exc
+        raise _Unusable(f"{gguf.name} could not be converted: {exc}") from exc
     return out
 
 

@@ -110,6 +110,8 @@ class HubStandin:
         self.requests: list[Logged] = []
         self.drop_after: dict[str, int] = {}
         self.corrupt: set[str] = set()
+        #: file suffix -> an HTTP status its next download GET answers instead (once)
+        self.fail_once: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -225,6 +227,11 @@ def _handler_for(hub: HubStandin) -> type[BaseHTTPRequestHandler]:
             f = repo.files.get("/".join(parts[4:]))
             if f is None:
                 self._error(404, "EntryNotFound", "Entry not found")
+                return
+            failing = next((k for k in hub.fail_once if f.path.endswith(k)), None)
+            if body and failing is not None:
+                status = hub.fail_once.pop(failing)
+                self._error(status, "ServiceUnavailable", "the server is overloaded")
                 return
             start, status = 0, 200
             match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")

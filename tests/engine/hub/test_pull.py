@@ -125,6 +125,23 @@ def test_a_second_pull_of_the_same_model_waits_its_turn(hub, tmp_path):
     assert result.folder.name == "Tiny-q4_k_m" and not lock.exists()
 
 
+def test_a_server_error_keeps_what_was_downloaded_for_the_next_pull(hub, tmp_path):
+    """A dropped connection, then a 503 when the pull is tried again: the part written
+    before stays, and the third try continues from it instead of starting over."""
+    size = (hub.repos[GGUF_REPO].files["Tiny-Q4_K_M.gguf"]).size
+    hub.drop_after["Q4_K_M.gguf"] = size // 2
+    with pytest.raises(DownloadError):
+        pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    hub.fail_once["Q4_K_M.gguf"] = 503
+    with pytest.raises(DownloadError):
+        pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    assert (tmp_path / ".pull-Tiny-q4_k_m").exists()  # the part survived the 503
+    result = pull(GGUF_REPO, tmp_path, endpoint=hub.url, progress=lambda e: None)
+    last = hub.ranges("Q4_K_M.gguf")[-1]
+    assert last is not None and int(last[6:-1]) >= size // 4  # continued, not restarted
+    _answer(result.folder)
+
+
 def test_a_corrupt_file_is_refused_and_removed(hub, tmp_path):
     hub.corrupt.add("Q4_K_M.gguf")
     with pytest.raises(DownloadError, match="failed verification"):
