@@ -84,14 +84,15 @@ class RequestRun:
                    if i is not None and i in tokenizer.skipped_ids}
         return ThoughtSplitter(tags, inside=mode == "open"), skipped
 
-    def _answer_text(self, token_id: int) -> str:
-        """The token's text with a reasoning model's thoughts taken out (kept apart)."""
+    def _split_text(self, token_id: int) -> tuple[str, str]:
+        """The token's text as (thought, answer): a reasoning model's thoughts apart (kept
+        for the result too); everything is answer for other requests."""
         piece = self._detok.add(token_id)
         if self._thoughts is None:
-            return piece
+            return "", piece
         thought, answer = self._thoughts.feed(piece + self._tag_texts.get(token_id, ""))
         self._thought_pieces.append(thought)
-        return answer
+        return thought, answer
 
     @property
     def cancelled(self) -> bool:
@@ -112,24 +113,23 @@ class RequestRun:
             return None
         if step.logprob is not None:
             self._logprobs.append(step.logprob)
-        text = ""
-        thought_before = len(self._thought_pieces)
+        text = thought = ""
         if finish is None:
-            text, finish = self._stopper.feed_text(self._answer_text(step.token_id))
+            thought, answer = self._split_text(step.token_id)
+            text, finish = self._stopper.feed_text(answer)
         self._pieces.append(text)
         if finish is None and step.context_full and \
                 len(self.sampled) < self.request.options.max_new_tokens:
             finish = FinishReason("length")
         self.finish = finish
         return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter(),
-                             thought="".join(self._thought_pieces[thought_before:]))
+                             thought=thought)
 
     def _on_constrained_step(self, step: StepOutput,
                              constraint: TokenConstraint) -> GenerateEvent | None:
         """`on_step` under a constraint: stops wait for a complete answer, no text is held
         back or cut, and a closed grammar ends the generation."""
-        thought_before = len(self._thought_pieces)
-        text = self._answer_text(step.token_id)
+        thought, text = self._split_text(step.token_id)
         complete = constraint.complete
         full = "".join(self._pieces) + text if complete else text
         finish = self._stopper.check_constrained(step.token_id, self.sampled, full, len(text),
@@ -147,7 +147,7 @@ class RequestRun:
             finish = FinishReason("length")
         self.finish = finish
         return GenerateEvent(text, step.token_id, step.logprob, time.perf_counter(),
-                             thought="".join(self._thought_pieces[thought_before:]))
+                             thought=thought)
 
     def advance(self) -> list[GenerateEvent]:
         """Run this request alone for one step: a prefill chunk, or a decode step (which
