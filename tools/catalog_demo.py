@@ -25,27 +25,17 @@ import os
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tools.screenshots import wait_until  # noqa: E402  (the checkout first on the path)
+
 LIMIT = "448MiB"
 BIG_BYTES = 600 * 1000 * 1000
 SOURCE = "https://huggingface.co/forge (the Hub stand-in of the test suite)"
-
-
-def wait_until(app: Any, done: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        app.processEvents()
-        if done():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def forge_repos(root: Path) -> tuple[dict[str, Path], tuple[Any, ...]]:
