@@ -76,17 +76,22 @@ def start_worker(model: Path | None, roots: list[Path], home: Path,
     return proc, ready
 
 
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the worker's graceful stop), SIGKILL when it has not ended in 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @pytest.fixture(scope="session")
 def live_worker(models_root: Path, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[tuple[str, str]]:
     home = tmp_path_factory.mktemp("worker-home")
     proc, ready = start_worker(models_root / SLOW, [models_root], home)
     yield ready["url"], ready["admin_token"]
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ it; a model labelled "fits with a shorter context (N tokens)" is served with N."
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_view import ModelsView
 from app.views.welcome import WelcomeDialog
 from engine.hub import CatalogEntry
-from tests.app.conftest import connected, start_worker
+from tests.app.conftest import connected, start_worker, stop_worker
 from tests.app.hub_standin import HubStandin
 from tests.engine.hub.repos import GGUF_REPO, ONNX_REPO, gguf_repo, onnx_repo
 from tests.forge import ForgeSpec
@@ -44,11 +43,7 @@ def own(qtbot, paths: AppPaths, tmp_path: Path) -> Iterator[AppContext]:
     try:
         yield from connected(qtbot, paths, (ready["url"], ready["admin_token"]))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_worker(proc)
 
 
 #: 16 KiB of KV a token: 512 MiB for its 32768-token context, more than the limit below
@@ -172,11 +167,7 @@ def test_a_model_labelled_shorter_context_loads_with_that_context_and_answers(
             resources = json.loads(reply.read())
         assert resources["governor"]["budget"]["kv_tokens"] >= tokens
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_worker(proc)
 
 
 CHATS = (CatalogEntry("tiny-chat", "Tiny chat", "chat", "small", "gguf", GGUF_REPO, "",

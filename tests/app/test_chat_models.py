@@ -3,13 +3,11 @@ models listed, the loaded one marked, picking another loads it and the chat answ
 
 from __future__ import annotations
 
-import subprocess
-
 from app.context import AppContext
 from app.store import ChatStore
 from app.views.chat_models import LOADED_MARK
 from app.views.chat_view import ChatView
-from tests.app.conftest import SLOW, TINY, start_worker
+from tests.app.conftest import SLOW, TINY, start_worker, stop_worker
 
 
 def test_the_picker_lists_the_library_marks_the_loaded_model_and_loads_another(
@@ -43,7 +41,7 @@ def test_the_picker_lists_the_library_marks_the_loaded_model_and_loads_another(
         assert done.args[0].state == "done"
         ctx.store.close()
     finally:
-        _stop(proc)
+        stop_worker(proc)
 
 
 def test_a_model_loaded_from_outside_the_library_is_the_one_shown(
@@ -67,12 +65,5 @@ def test_a_model_loaded_from_outside_the_library_is_the_one_shown(
         assert picker.currentText() == loaded[0]  # not a library model in its place
         ctx.store.close()
     finally:
-        _stop(proc)
+        stop_worker(proc)
 
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from app.settings import CHAT_SAMPLING
 from app.store import ChatStore
 from app.views.chat_view import ChatView
-from tests.app.conftest import TINY, connected, start_worker
+from tests.app.conftest import TINY, connected, start_worker, stop_worker
 
 
 @pytest.fixture
@@ -27,11 +26,7 @@ def recommending_worker(models_root: Path, tmp_path: Path):
     proc, ready = start_worker(folder, [folder.parent], tmp_path,
                                ["--presets", str(presets)])
     yield ready["url"], ready["admin_token"]
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 def test_a_new_chat_starts_from_the_models_recommended_sampling(qtbot, paths,

@@ -4,9 +4,7 @@ never sent back to the model as the answer."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,23 +13,15 @@ from app.context import AppContext
 from app.store import ChatStore
 from app.views.main_window import MainWindow
 from tests.app.conftest import connected
-from tests.engine.server.live import LiveServer, serve
-from tests.engine.server.test_reasoning import MODEL, QUICK, THOUGHT
+from tests.engine.server.live import LiveServer
+from tests.engine.server.test_reasoning import QUICK, THOUGHT
+from tests.engine.server.test_reasoning import thinker as thinker  # the served model
 from tests.engine.server.test_reasoning import thinker_dir as thinker_dir
 
 
-@pytest.fixture(scope="module")
-def thinker_worker(thinker_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("served")
-    live = serve(Path(shutil.copytree(thinker_dir, root / MODEL)), root)
-    yield live
-    live.stop()
-
-
 @pytest.fixture
-def window(qtbot, paths, thinker_worker: LiveServer) -> Iterator[MainWindow]:
-    gen: Any = connected(qtbot, paths, (thinker_worker.url, ""))
+def window(qtbot, paths, thinker: LiveServer) -> Iterator[MainWindow]:
+    gen: Any = connected(qtbot, paths, (thinker.url, ""))
     ctx: AppContext = next(gen)
     ctx.settings.set_value("welcome/shown", True)
     ctx.settings.set_value("chat/system_prompt", "")  # the script's prompt has no system turn

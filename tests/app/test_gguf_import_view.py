@@ -5,7 +5,6 @@ library, loaded by a real worker; a broken file and Cancel leave nothing behind.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from app.gguf_sources import find_gguf_files
 from app.paths import AppPaths
 from app.views import gguf_panel
 from app.views.models_view import ModelsView
-from tests.app.conftest import connected, start_worker
+from tests.app.conftest import connected, start_worker, stop_worker
 from tests.engine.model.gguf_forge import TinySpec, tokenizer_source, write_gguf
 
 
@@ -60,11 +59,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     home = tmp_path_factory.mktemp("gguf-worker")
     proc, ready = start_worker(None, [], home)
     yield ready["url"], ready["admin_token"]
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 @pytest.fixture

@@ -83,14 +83,20 @@ def _bytes(text: str) -> float:
     return float(number) * UNITS[unit]
 
 
+def _panel_on_its_own_worker(qtbot, paths, running, models_root, app_home
+                             ) -> tuple[Worker, GaugesPanel]:
+    """A worker of the test's own, and the panel (its RAM slider ready) talking to it."""
+    worker = Worker(models_root, app_home)
+    running.append(worker)
+    panel = _panel(qtbot, _own_ctx(qtbot, paths, worker))
+    qtbot.waitUntil(lambda: panel.ram_limit.slider.isEnabled(), timeout=10_000)
+    return worker, panel
+
+
 def test_a_limit_below_the_lowest_is_never_shown_inside_the_range(qtbot, paths, workers,  # noqa: F811
                                                                  models_root, app_home):
-    worker = Worker(models_root, app_home)
-    workers.append(worker)
-    ctx = _own_ctx(qtbot, paths, worker)
-    panel = _panel(qtbot, ctx)
+    worker, panel = _panel_on_its_own_worker(qtbot, paths, workers, models_root, app_home)
     ram = panel.ram_limit
-    qtbot.waitUntil(lambda: ram.slider.isEnabled(), timeout=10_000)
     seen: list[str] = []
     with httpx.Client(base_url=worker.url, timeout=30,
                       headers={"Authorization": f"Bearer {worker.token}"}) as http:
@@ -144,12 +150,8 @@ def _keep_chats(url: str, count: int) -> None:
 
 def test_lowest_leaves_kept_chats_out_and_free_frees_them(qtbot, paths, workers,  # noqa: F811
                                                           models_root, app_home):
-    worker = Worker(models_root, app_home)
-    workers.append(worker)
-    ctx = _own_ctx(qtbot, paths, worker)
-    panel = _panel(qtbot, ctx)
+    worker, panel = _panel_on_its_own_worker(qtbot, paths, workers, models_root, app_home)
     ram = panel.ram_limit
-    qtbot.waitUntil(lambda: ram.slider.isEnabled(), timeout=10_000)
     assert not panel.free_button.isEnabled()  # nothing kept yet
 
     _keep_chats(worker.url, 6)

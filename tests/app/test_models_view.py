@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_view import ModelsView
 from engine import folder_size, human_size
 from engine.hub import PARTIAL_DIR
-from tests.app.conftest import TINY, connected, start_worker
+from tests.app.conftest import TINY, connected, start_worker, stop_worker
 from tests.app.hub_standin import HubStandin
 
 REPO = "forge/tiny-onnx"
@@ -35,11 +34,7 @@ def own_worker(models_root: Path, tmp_path_factory: pytest.TempPathFactory
     home = tmp_path_factory.mktemp("models-view-worker")
     proc, ready = start_worker(None, [models_root], home)
     yield ready["url"], ready["admin_token"]
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 @pytest.fixture(autouse=True)
