@@ -22,6 +22,8 @@ from pathlib import Path
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
 #: their plain C loops even where the CPU has AVX2 (the tests cover both).
 ENV = "ONNX_GENAI_KERNELS"
+#: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both).
+MATMUL_ENV = "ONNX_GENAI_MATMUL"
 #: What setup.py builds (named so that no importer takes it for a Python module).
 LIBRARY = Path(__file__).resolve().parent / "decode_attention.ortops"
 #: The library's path instead of LIBRARY (a build kept elsewhere; a missing file tests an
@@ -44,6 +46,11 @@ def library() -> Path | None:
         return None
     path = library_path()
     return path if path.is_file() else None
+
+
+def matmul_on() -> bool:
+    """Whether MatMulNBits nodes go to the engine's kernel where it is ready (MATMUL_ENV)."""
+    return os.environ.get(MATMUL_ENV, "1") != "0"
 
 
 def c_compiler() -> str | None:
@@ -135,24 +142,38 @@ def status() -> KernelStatus:
 @dataclass(frozen=True)
 class KernelUse:
     """What one loaded model runs: of its `nodes` GroupQueryAttention nodes, `moved` run
-    the engine's kernel; `kept` counts why the others keep ONNX Runtime's."""
+    the engine's kernel; `kept` counts why the others keep ONNX Runtime's. The same for its
+    `matmul_nodes` MatMulNBits nodes (`matmul_moved`, `matmul_kept`)."""
 
     status: KernelStatus
     nodes: int
     moved: int
     kept: Counter[str] = field(default_factory=Counter)
+    matmul_nodes: int = 0
+    matmul_moved: int = 0
+    matmul_kept: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         if not self.nodes:
-            return "no GroupQueryAttention in the graph: the engine kernel has nothing to run"
-        text = f"{self.moved} of {self.nodes} GroupQueryAttention nodes run the engine kernel"
-        if self.kept:
-            whys = [why if len(self.kept) == 1 else f"{why} ({n})"
-                    for why, n in self.kept.most_common()]
-            text += f"; ONNX Runtime runs the other {self.nodes - self.moved}: " + \
-                "; ".join(whys)
+            text = "no GroupQueryAttention in the graph: the engine kernel has nothing to run"
+        else:
+            text = f"{self.moved} of {self.nodes} GroupQueryAttention nodes run the engine " \
+                "kernel" + _others(self.nodes - self.moved, self.kept)
+        if self.matmul_nodes:
+            text += f"; {self.matmul_moved} of {self.matmul_nodes} MatMulNBits nodes run the " \
+                "engine kernel" + _others(self.matmul_nodes - self.matmul_moved,
+                                          self.matmul_kept)
         return text
 
     def as_dict(self) -> dict[str, object]:
         return {**self.status.as_dict(), "attention_nodes": self.nodes, "moved": self.moved,
-                "kept": dict(self.kept), "summary": self.line()}
+                "kept": dict(self.kept), "matmul_nodes": self.matmul_nodes,
+                "matmul_moved": self.matmul_moved, "matmul_kept": dict(self.matmul_kept),
+                "summary": self.line()}
+
+
+def _others(count: int, kept: Counter[str]) -> str:
+    if not kept:
+        return ""
+    whys = [why if len(kept) == 1 else f"{why} ({n})" for why, n in kept.most_common()]
+    return f"; ONNX Runtime runs the other {count}: " + "; ".join(whys)

@@ -1,0 +1,163 @@
+"""The engine's MatMulNBits: ONNX Runtime's results within int4 rounding, and each row the
+same bits whatever the number of rows in the call or of threads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from engine import kernels
+from engine.model.graph_passes import KERNEL_DOMAIN
+
+pytestmark = pytest.mark.skipif(kernels.library() is None,
+                                reason="the engine's kernels were not built (no C compiler)")
+
+#: bits, block, zero points, accuracy level, K, N, bias: the builder's int4 (block 32 and
+#: 128, with and without zero points, accuracy 4 and 0), the GGUF importer's Q4_0 / Q8_0
+#: (blocks of 32, no zero points) and Q6_K (8-bit blocks of 16), and odd tails.
+LAYOUTS = {
+    "int4 b32 acc4 (built-in model)": (4, 32, False, 4, 576, 960, False),
+    "int4 b32 zp acc4 odd": (4, 32, True, 4, 70, 33, False),
+    "int4 b128 zp acc0": (4, 128, True, 0, 300, 50, False),
+    "int4 b128 acc0": (4, 128, False, 0, 256, 17, False),
+    "int4 b128 acc4": (4, 128, False, 4, 384, 40, False),
+    "int4 b16 zp acc4 bias": (4, 16, True, 4, 48, 20, True),
+    "int4 b64 acc0 bias odd": (4, 64, False, 0, 100, 31, True),
+    "int8 b32 acc4 (Q8_0)": (8, 32, False, 4, 96, 40, False),
+    "int8 b16 acc4 (Q6_K)": (8, 16, False, 4, 64, 24, False),
+    "int8 b32 zp acc0": (8, 32, True, 0, 64, 19, False),
+}
+
+
+def _weights(rng: np.random.Generator, bits: int, block: int, with_zp: bool, k: int, n: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Random codes in MatMulNBits' layout: B [N, blocks, block * bits / 8], scales
+    [N * blocks], zero points (packed two a byte for 4 bits) or None."""
+    blocks = -(-k // block)
+    top = (1 << bits) - 1
+    codes = rng.integers(0, top + 1, size=(n, blocks, block), dtype=np.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4) if bits == 4 else codes
+    scales = (rng.random((n, blocks), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    zp = None
+    if with_zp:
+        z = rng.integers(0, top + 1, size=(n, blocks), dtype=np.uint8)
+        if bits == 4:
+            even = np.concatenate([z, np.zeros((n, blocks % 2), np.uint8)], axis=1)
+            z = (even[:, 0::2] | (even[:, 1::2] << 4)).astype(np.uint8)
+        zp = z.reshape(-1)
+    return packed.astype(np.uint8), scales.reshape(-1), zp
+
+
+def _model(domain: str, layout: tuple, seed: int = 0) -> bytes:
+    bits, block, with_zp, accuracy, k, n, with_bias = layout
+    rng = np.random.default_rng(seed)
+    b, scales, zp = _weights(rng, bits, block, with_zp, k, n)
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    names = ["A", "B", "scales"]
+    if zp is not None:
+        inits.append(numpy_helper.from_array(zp, "zp"))
+    names.append("zp" if zp is not None else "")
+    if with_bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+        names += ["", "bias"]
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain=domain, K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=accuracy)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, "rows", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "rows", n])], inits)
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(KERNEL_DOMAIN, 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def _session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(str(kernels.library()))
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _rows(k: int, m: int, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    a[0, :, :3] *= 20  # an outlier or two per row, as in a model's hidden states
+    return a
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_engine_op_agrees_with_onnx_runtimes(name):
+    layout = LAYOUTS[name]
+    k = layout[4]
+    a = _rows(k, 9)
+    ours = _session(_model(KERNEL_DOMAIN, layout)).run(None, {"A": a})[0]
+    theirs = _session(_model("com.microsoft", layout)).run(None, {"A": a})[0]
+    assert ours.shape == theirs.shape == (1, 9, layout[5])
+    # int8 activations: the two kernels round each block of a row the same way and differ
+    # in the order the blocks add up; fp32: only in the order of the sums
+    scale = np.abs(theirs).max()
+    tolerance = 1e-5 if layout[3] == 0 else 2e-3
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=tolerance * scale)
+
+
+def _invariance(domain: str, layout: tuple) -> list[str]:
+    """Where rows computed in calls of other sizes, or on other thread counts, differ from
+    the same rows computed one at a time (an empty list: nowhere)."""
+    k = layout[4]
+    a = _rows(k, 64)
+    model = _model(domain, layout)
+    two, one = _session(model, 2), _session(model, 1)
+    alone = np.concatenate([two.run(None, {"A": a[:, i:i + 1]})[0] for i in range(64)], axis=1)
+    found = []
+    for m in (2, 7, 64):
+        together = np.concatenate([two.run(None, {"A": a[:, i:i + m]})[0]
+                                   for i in range(0, 64, m)], axis=1)
+        if not np.array_equal(together, alone):
+            found.append(f"{m} rows a call")
+    if not np.array_equal(one.run(None, {"A": a})[0], two.run(None, {"A": a})[0]):
+        found.append("1 thread against 2")
+    return found
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_row_is_the_same_bits_alone_or_among_others_and_on_any_thread_count(name):
+    assert _invariance(KERNEL_DOMAIN, LAYOUTS[name]) == []
+
+
+def test_onnx_runtimes_own_op_is_not_row_invariant():
+    """Why the engine has its own: ONNX Runtime's kernel gives a row other bits in a call
+    of several rows than alone (here blocks of 128; ONNX Runtime 1.32 happens to keep blocks of
+    32 the same)."""
+    assert _invariance("com.microsoft", LAYOUTS["int4 b128 acc4"]) != []
+
+
+def test_the_portable_loops_give_the_same_bits(tmp_path):
+    """Without AVX-512 VNNI the plain C loops run: the same outputs, bit for bit, as the
+    vector code (the choice is made once per process, so the other one runs in a child)."""
+    if os.environ.get(kernels.ENV) == "portable":
+        pytest.skip("this process is the portable run")
+    outputs = {}
+    for choice in ("1", "portable"):
+        out = tmp_path / f"{choice}.npz"
+        code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[2]); "
+                "from tests.engine.kernels import test_matmul_nbits as t; "
+                "np.savez(sys.argv[1], **{str(i): t._session(t._model(t.KERNEL_DOMAIN, l))"
+                ".run(None, {'A': t._rows(l[4], 7)})[0] "
+                "for i, l in enumerate(t.LAYOUTS.values())})")
+        done = subprocess.run([sys.executable, "-c", code, str(out), os.getcwd()],
+                              env={**os.environ, kernels.ENV: choice}, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with np.load(out) as data:
+            outputs[choice] = {key: data[key] for key in data.files}
+    for key, vector in outputs["1"].items():
+        np.testing.assert_array_equal(vector, outputs["portable"][key])
