@@ -1,12 +1,15 @@
 /*
- * GroupQueryAttention for ONNX Runtime's CPU provider, with a decode step of our own.
+ * GroupQueryAttention for ONNX Runtime's CPU provider: decode steps and prefill chunks of our own.
  *
  * The operator `engine.kernels::GroupQueryAttention` takes the inputs, outputs and
- * attributes of `com.microsoft::GroupQueryAttention`. When a run adds one token per
- * sequence to a KV cache that past and present share (the engine's decode steps), it
- * computes the step here; every other run (a prefill, a speculative check, a cache that
- * is not shared, an attribute or input this code does not handle) is handed to ONNX
- * Runtime's own kernel through `InvokeOp`, so results there are ONNX Runtime's.
+ * attributes of `com.microsoft::GroupQueryAttention`. When a run adds tokens to a KV cache
+ * that past and present share (the engine's decode steps and prefill chunks), it computes
+ * the run here, each new row exactly as a decode step of one token would: a row's output is
+ * the same bits whether its token came alone, in a prefill chunk of any size or after a
+ * reused prefix (with engine/kernels/matmul_nbits.c, the same greedy answer). Every other
+ * run (a cache that is not shared, an attribute or input this code does not handle) is
+ * handed to ONNX Runtime's own kernel through `InvokeOp`, so results there are ONNX
+ * Runtime's.
  *
  * Why: ONNX Runtime's CPU kernel multiplies each query head by the whole cache of its KV
  * head on its own (a GEMM per head that packs the keys first), so a cache shared by three
@@ -154,11 +157,12 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
 
 typedef struct Step {
   int64_t batch, heads, kv_heads, group, head_size, capacity, chunks;
-  const int32_t* seqlens;  /* [batch]: each row's length before this token */
-  const float* q;          /* [batch, heads, head_size], rotated and scaled */
+  int64_t rows, first;     /* query rows per sequence; the first row of this pass */
+  const int32_t* seqlens;  /* [batch]: each sequence's length before its last new token */
+  const float* q;          /* [batch * rows, heads, head_size], rotated and scaled */
   const float* keys;       /* [batch, kv_heads, capacity, head_size] */
   const float* values;
-  float* partial;          /* [batch, heads, chunks, head_size + 2]: acc..., max, sum */
+  float* partial;          /* [pass rows, heads, chunks, head_size + 2]: acc..., max, sum */
 } Step;
 
 /* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
@@ -240,11 +244,13 @@ static inline float sum16(const float* lanes) {
 static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
   const int64_t chunk = (int64_t)task % s->chunks;
   const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
-  const int64_t b = (int64_t)task / (s->chunks * s->kv_heads);
-  const int64_t total = (int64_t)s->seqlens[b] + 1;
+  const int64_t local = (int64_t)task / (s->chunks * s->kv_heads); /* row within the pass */
+  const int64_t row = s->first + local, b = row / s->rows;
+  /* a row sees the positions up to its own: the last row's are the sequence's */
+  const int64_t total = (int64_t)s->seqlens[b] + 1 - (s->rows - 1 - row % s->rows);
   const int64_t t0 = chunk * CHUNK;
   const int64_t G = s->group;
-  float* out = s->partial + ((b * s->heads + g * G) * s->chunks + chunk) * (D + 2);
+  float* out = s->partial + ((local * s->heads + g * G) * s->chunks + chunk) * (D + 2);
   const int64_t stride = s->chunks * (D + 2); /* from one query head's partial to the next */
   if (t0 >= total) { /* nothing in this chunk for this row: an empty partial */
     for (int64_t j = 0; j < G; ++j) {
@@ -261,7 +267,7 @@ static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
   float scores[CHUNK];
   float acc[MAX_HEAD];
   for (int64_t j = 0; j < G; ++j) {
-    const float* q = s->q + (b * s->heads + g * G + j) * D;
+    const float* q = s->q + (row * s->heads + g * G + j) * D;
 #ifdef HAVE_X86_PATHS
     if (g_isa == 1 && D % 8 == 0)
       dots_avx2(q, K, n, D, scores);
@@ -396,7 +402,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     TRY(describe(inputs[3], &past_key));
     TRY(describe(inputs[4], &past_value));
     TRY(describe(inputs[5], &seqlens));
-    fast = query.rank == 3 && query.dims[1] == 1 && query.elem == ELEM_FLOAT && past_key.rank == 4 &&
+    fast = query.rank == 3 && query.dims[1] >= 1 && query.elem == ELEM_FLOAT && past_key.rank == 4 &&
            past_key.elem == ELEM_FLOAT && past_value.rank == 4 && seqlens.rank == 1 &&
            seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
            past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
@@ -404,7 +410,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
   if (!fast) return run_fallback(k, context, inputs);
-  const int64_t B = query.dims[0], H = k->num_heads, KVH = k->kv_num_heads, D = past_key.dims[3];
+  const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
+  const int64_t D = past_key.dims[3];
   const int64_t cap = past_key.dims[2];
   const int packed = inputs[1] == NULL;
   const int64_t width = packed ? (H + 2 * KVH) * D : H * D;
@@ -416,7 +423,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       TRY(describe(inputs[1], &key));
       TRY(describe(inputs[2], &value));
       shapes_ok = key.elem == ELEM_FLOAT && value.elem == ELEM_FLOAT && key.rank == 3 && value.rank == 3 &&
-                  key.dims[0] == B && value.dims[0] == B && key.dims[1] == 1 && value.dims[1] == 1 &&
+                  key.dims[0] == B && value.dims[0] == B && key.dims[1] == S && value.dims[1] == S &&
                   key.dims[2] == KVH * D && value.dims[2] == KVH * D;
     }
   }
@@ -428,10 +435,10 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   }
   const int32_t* lengths = (const int32_t*)seqlens.data;
   for (int64_t b = 0; b < B && shapes_ok; ++b)
-    shapes_ok = lengths[b] >= 0 && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
+    shapes_ok = lengths[b] >= S - 1 && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
 
   /* The outputs: the present caches must be the past ones (shared buffers). */
-  const int64_t out_dims[3] = {B, 1, H * D};
+  const int64_t out_dims[3] = {B, S, H * D};
   if (shapes_ok) {
     TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
     TRY(API(KernelContext_GetOutput)(context, 1, past_key.dims, 4, &outputs[1]));
@@ -451,23 +458,26 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
-  float* q = (float*)malloc((size_t)(B * H * D) * sizeof(float));
-  float* partial = (float*)malloc((size_t)(B * H * chunks * (D + 2)) * sizeof(float));
+  /* the rows go through in passes whose partials take at most about 16 MB */
+  int64_t per_pass = ((int64_t)1 << 22) / (H * chunks * (D + 2));
+  per_pass = per_pass < 1 ? 1 : per_pass > B * S ? B * S : per_pass;
+  float* q = (float*)malloc((size_t)(B * S * H * D) * sizeof(float));
+  float* partial = (float*)malloc((size_t)(per_pass * H * chunks * (D + 2)) * sizeof(float));
   if (q == NULL || partial == NULL) {
     free(q);
     free(partial);
     return API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
   }
   const int64_t half = cos_cache.dims[1];
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t pos = lengths[b];
-    const float* row = query.data + b * width;
-    const float* kin = packed ? row + H * D : key.data + b * KVH * D;
-    const float* vin = packed ? row + (H + KVH) * D : value.data + b * KVH * D;
+  for (int64_t r = 0; r < B * S; ++r) {
+    const int64_t b = r / S, pos = lengths[b] - (S - 1 - r % S);
+    const float* row = query.data + r * width;
+    const float* kin = packed ? row + H * D : key.data + r * KVH * D;
+    const float* vin = packed ? row + (H + KVH) * D : value.data + r * KVH * D;
     const float* c = k->do_rotary ? cos_cache.data + pos * half : NULL;
     const float* s = k->do_rotary ? sin_cache.data + pos * half : NULL;
     for (int64_t h = 0; h < H; ++h) {
-      float* qh = q + (b * H + h) * D;
+      float* qh = q + (r * H + h) * D;
       memcpy(qh, row + h * D, (size_t)D * sizeof(float));
       if (k->do_rotary) rotate(qh, c, s, 2 * half, (int)k->rotary_interleaved);
       for (int64_t d = 0; d < D; ++d) qh[d] *= scale;
@@ -479,16 +489,20 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       memcpy(present_v + ((b * KVH + g) * cap + pos) * D, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  Step step = {B, H, KVH, G, D, cap, chunks, lengths, q, present_k, present_v, partial};
-  OrtStatus* status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(B * KVH * chunks), 0, &step);
-  if (status == NULL) {
+  OrtStatus* status = NULL;
+  for (int64_t first = 0; first < B * S && status == NULL; first += per_pass) {
+    const int64_t n = B * S - first < per_pass ? B * S - first : per_pass;
+    Step step = {B, H, KVH, G, D, cap, chunks, S, first, lengths, q, present_k, present_v, partial};
+    status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(n * KVH * chunks), 0, &step);
+    if (status != NULL) break;
     /* Combine each head's chunks: rescale to the largest maximum, then normalise. */
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t local = 0; local < n; ++local) {
+      const int64_t r = first + local;
       for (int64_t h = 0; h < H; ++h) {
-        const float* parts = partial + (b * H + h) * chunks * (D + 2);
+        const float* parts = partial + (local * H + h) * chunks * (D + 2);
         float m = -INFINITY;
         for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
-        float* o = out + (b * H + h) * D;
+        float* o = out + (r * H + h) * D;
         memset(o, 0, (size_t)D * sizeof(float));
         float sum = 0.0f;
         for (int64_t c = 0; c < chunks; ++c) {

@@ -2,9 +2,10 @@
 
 Each case runs one GroupQueryAttention node in two real ONNX Runtime sessions: one with
 the node in ONNX Runtime's domain, one moved to the engine's (the library registered), on
-the same inputs, and compares the attention output and the caches. Decode steps (one new
-token per row, past and present sharing one buffer) run the engine's code; the rest
-(prefill chunks, caches that are not shared) must come back from ONNX Runtime's kernel.
+the same inputs, and compares the attention output and the caches. Runs whose past and present
+share one buffer (decode steps and prefill chunks) run the engine's code, each new row as
+its own decode step; the rest (caches that are not shared) must come back from ONNX
+Runtime's kernel.
 """
 
 from __future__ import annotations
@@ -150,9 +151,11 @@ def test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths(case):
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_a_prefill_chunk_is_computed_by_onnx_runtimes_kernel(case):
+def test_a_prefill_chunk_matches_onnx_runtime(case):
     _compare(case, [300], new=5)
     _compare(case, [0], new=9)
+    _compare(case, [250], new=20)  # rows on both sides of a chunk of 256 positions
+    _compare(case, [0], new=300)
 
 
 def test_caches_that_are_not_shared_are_left_to_onnx_runtimes_kernel():
