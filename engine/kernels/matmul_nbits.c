@@ -143,15 +143,15 @@ static void quantize_rows(const MatMul* m, Rows* r) {
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       int8_t* q = r->qa + row * r->Kp + k0;
       int32_t sum = 0;
-      for (int64_t k = 0; k < m->block; ++k) {
-        int32_t v = 0;
-        if (k < n) {
-          const float x = nearbyintf(a[k0 + k] * inv);
-          v = x > 127.0f ? 127 : x < -127.0f ? -127 : (int32_t)x;
-        }
+      for (int64_t k = 0; k < n; ++k) {
+        /* |a * inv| <= 127: adding and taking away 1.5 * 2^23 rounds it to the nearest
+           integer, ties to even, in any vector unit (a libm call per value otherwise) */
+        const float x = (a[k0 + k] * inv + 12582912.0f) - 12582912.0f;
+        const int32_t v = x > 127.0f ? 127 : x < -127.0f ? -127 : (int32_t)x;
         q[k] = (int8_t)v;
         sum += v;
       }
+      for (int64_t k = n; k < m->block; ++k) q[k] = 0;
       r->sa[row * m->blocks + b] = amax / 127.0f;
       r->asum[row * m->blocks + b] = sum;
     }

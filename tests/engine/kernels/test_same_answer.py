@@ -1,0 +1,69 @@
+"""The built-in model gives the same greedy answer, bit for bit, whatever the path: a repeat
+whose prompt KV is reused, and a prefill in chunks of any size (engine/kernels: MatMulNBits
+and attention compute a row the same way however many rows a run has)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ChatMessage, Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
+from engine.model.default_model import default_model_dir
+
+MODEL = default_model_dir()
+pytestmark = [
+    pytest.mark.skipif(kernels.library() is None,
+                       reason="the engine's kernels were not built (no C compiler)"),
+    pytest.mark.skipif(MODEL is None, reason="no built-in model in this checkout")]
+
+PROMPTS = ("What is the capital of France? Answer in one long paragraph.",
+           "Write a haiku about the sea.", "List three uses of a brick.")
+
+
+def _request(prompt: str) -> GenerateRequest:
+    return GenerateRequest(messages=(ChatMessage("user", prompt),),
+                           options=GenerateOptions(max_new_tokens=32, temperature=0.0,
+                                                   top_logprobs=2))
+
+
+def test_a_repeat_that_reuses_the_prompt_kv_gives_the_same_tokens_and_logprobs():
+    engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    try:
+        for prompt in PROMPTS:
+            first = engine.generate(_request(prompt))
+            again = engine.generate(_request(prompt))
+            assert again.prefix_cache_hit_len > 0  # the repeat's prompt came from the cache
+            assert list(again.token_ids) == list(first.token_ids), prompt
+            assert [t.logprob for t in again.logprobs] == [t.logprob for t in first.logprobs]
+    finally:
+        engine.close()
+
+
+def test_a_prefill_in_chunks_of_1_7_64_or_all_gives_the_same_logits():
+    engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    try:
+        ids = np.random.default_rng(0).integers(100, 40000, size=150).astype(np.int64)
+        last = {}
+        for chunk in (1, 7, 64, len(ids)):
+            engine.runner.reset()
+            for start in range(0, len(ids), chunk):
+                logits = engine.runner.forward(ids[start:start + chunk])
+            last[chunk] = logits.copy()
+        for chunk in (1, 7, 64):
+            np.testing.assert_array_equal(last[chunk], last[len(ids)], err_msg=f"{chunk}")
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_the_prefill_chunk_size_does_not_change_a_greedy_answer(chunk):
+    whole = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    chunked = Engine.load(MODEL, EngineConfig(intra_op_threads=2, prefill_chunk_size=chunk))
+    try:
+        for prompt in PROMPTS[:2]:
+            want, got = whole.generate(_request(prompt)), chunked.generate(_request(prompt))
+            assert list(got.token_ids) == list(want.token_ids), prompt
+            assert [t.logprob for t in got.logprobs] == [t.logprob for t in want.logprobs]
+    finally:
+        whole.close()
+        chunked.close()
