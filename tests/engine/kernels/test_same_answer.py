@@ -4,17 +4,20 @@ and attention compute a row the same way however many rows a run has)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from engine import ChatMessage, Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
 from engine.model.default_model import default_model_dir
 
-MODEL = default_model_dir()
+FOUND = default_model_dir()
+MODEL = FOUND if FOUND is not None else Path("missing")
 pytestmark = [
     pytest.mark.skipif(kernels.library() is None,
                        reason="the engine's kernels were not built (no C compiler)"),
-    pytest.mark.skipif(MODEL is None, reason="no built-in model in this checkout")]
+    pytest.mark.skipif(FOUND is None, reason="no built-in model in this checkout")]
 
 PROMPTS = ("What is the capital of France? Answer in one long paragraph.",
            "Write a haiku about the sea.", "List three uses of a brick.")
