@@ -22,7 +22,8 @@ from pathlib import Path
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
 #: their plain C loops even where the CPU has AVX2 (the tests cover both).
 ENV = "ONNX_GENAI_KERNELS"
-#: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both).
+#: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
+#: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT).
 MATMUL_ENV = "ONNX_GENAI_MATMUL"
 #: What setup.py builds (named so that no importer takes it for a Python module).
 LIBRARY = Path(__file__).resolve().parent / "decode_attention.ortops"
@@ -51,6 +52,11 @@ def library() -> Path | None:
 def matmul_on() -> bool:
     """Whether MatMulNBits nodes go to the engine's kernel where it is ready (MATMUL_ENV)."""
     return os.environ.get(MATMUL_ENV, "1") != "0"
+
+
+def matmul_eight_bit() -> bool:
+    """Whether 8-bit MatMulNBits nodes go to the engine's kernel too (MATMUL_ENV=all)."""
+    return os.environ.get(MATMUL_ENV, "1") == "all"
 
 
 def c_compiler() -> str | None:

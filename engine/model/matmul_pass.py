@@ -31,10 +31,18 @@ _ATTRIBUTES = frozenset({"K", "N", "bits", "block_size", "accuracy_level"})
 _INPUTS = 6
 
 
-def own_matmul_moves(data: bytes) -> tuple[bytes | None, int, Counter[str]]:
+#: Why 8-bit nodes keep ONNX Runtime's kernel unless asked (`eight_bit`): its 8-bit path
+#: already gives a row the same bits at any row and thread count (ONNX Runtime 1.32 on
+#: x86-64, tests/engine/kernels/test_matmul_nbits.py), and a GGUF import's folder then
+#: computes exactly what onnxruntime-genai computes on it.
+EIGHT_BIT = "8-bit weights (ONNX Runtime's kernel unless ONNX_GENAI_MATMUL=all)"
+
+
+def own_matmul_moves(data: bytes, *, eight_bit: bool = False
+                     ) -> tuple[bytes | None, int, Counter[str]]:
     """`data` with the MatMulNBits nodes the engine's kernel covers moved to it (None when
-    none is), the graph's MatMulNBits node count, and why the others keep ONNX Runtime's
-    kernel (a reason each, counted)."""
+    none is; 8-bit ones only with `eight_bit`), the graph's MatMulNBits node count, and why
+    the others keep ONNX Runtime's kernel (a reason each, counted)."""
     kept: Counter[str] = Counter()
     parsed = _parse(data)
     if parsed is None:
@@ -53,6 +61,8 @@ def own_matmul_moves(data: bytes) -> tuple[bytes | None, int, Counter[str]]:
             continue
         nodes += 1
         node = _own_matmul_node(view, g, dynamic, graph.init_types, half)
+        if not eight_bit and isinstance(node, bytes) and _bits(view, g) == 8:
+            node = EIGHT_BIT
         if isinstance(node, str):
             kept[node] += 1
             continue
@@ -66,6 +76,20 @@ def own_matmul_moves(data: bytes) -> tuple[bytes | None, int, Counter[str]]:
     opset = b"" if _imports(view, KERNEL_DOMAIN) else \
         proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
     return _with_graph(view, bytes(out), opset), nodes, kept
+
+
+def _bits(view: memoryview, g: _GraphNode) -> int:
+    """A MatMulNBits node's `bits` attribute (4 when absent)."""
+    r = _Reader(view, g.start, g.end)
+    r.varint()
+    length = r.varint()
+    body = _Reader(view, r.pos, r.pos + length)
+    for number, wire, value in body.fields():
+        if number == 5 and wire == 2:
+            fields = list(body.sub(value).fields())
+            if any(n == 1 and w == 2 and body.text(v) == "bits" for n, w, v in fields):
+                return next((v for n, w, v in fields if n == 3 and w == 0), 4)
+    return 4
 
 
 def _imports(view: memoryview, domain: str) -> bool:

@@ -195,7 +195,8 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
         use = KernelUse(status, nodes, nodes - sum(kept.values()), kept) if nodes or not kept \
             else _kept(status, attention_nodes, next(iter(kept)))  # the graph was unreadable
         if kernels.matmul_on():
-            moved, nodes, kept = own_matmul_moves(graph if graph is not None else data)
+            moved, nodes, kept = own_matmul_moves(graph if graph is not None else data,
+                                                  eight_bit=kernels.matmul_eight_bit())
             graph = moved or graph
             nodes = nodes if nodes or not kept else matmul_nodes
         else:
