@@ -7,7 +7,9 @@ Arms, each measurement in a fresh process, order rotated every round, best of --
 - ``ours``: the engine as it loads by default (its own MatMulNBits, engine/kernels);
 - ``ours-ortmm``: the same with ONNX_GENAI_MATMUL=0 (ONNX Runtime's MatMulNBits; the
   attention kernel stays the engine's);
-- ``og``: onnxruntime-genai on the same folder.
+- ``og``: onnxruntime-genai on the same folder;
+- ``before``: the engine of another checkout (--before PATH, e.g. a worktree of the
+  commit before these kernels), for "no slower than before".
 
 Each generates --new-tokens greedily after a prompt of each length (bench._workers, the
 clock of bench.decode and bench.builtin_model). Writes bench/out/matmul.json.
@@ -24,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:  # after PYTHONPATH: a `before` worker imports its own engine
+    sys.path.append(str(REPO))
 
 from bench import _workers  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 MODEL = REPO / "resources" / "models" / "smollm2-135m-instruct"
-ARMS = ("ours", "ours-ortmm", "og")
+ARMS = ("ours", "ours-ortmm", "og", "before")
 PROMPT_SEED = 1234
 
 
@@ -49,12 +51,15 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def run_worker(arm: str, prompt_len: int, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    repo = Path(args.before).resolve() if arm == "before" else REPO
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{REPO}"}
     env["ONNX_GENAI_MATMUL"] = "0" if arm == "ours-ortmm" else "1"
+    # the worker is this file; the engine it imports is `repo`'s
     done = subprocess.run(
-        [sys.executable, "-m", "bench.matmul", "--worker", arm, "--prompt-len", str(prompt_len),
-         "--threads", str(args.threads), "--new-tokens", str(args.new_tokens)],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False)
+        [sys.executable, str(Path(__file__).resolve()), "--worker", arm, "--prompt-len",
+         str(prompt_len), "--threads", str(args.threads), "--new-tokens",
+         str(args.new_tokens)],
+        cwd=repo, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{arm} failed: {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-lens", default="32,512")
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default="ours,ours-ortmm,og")
+    p.add_argument("--before", default=None, help="a checkout for the `before` arm")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--prompt-len", type=int, default=32, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                ("decode_tok_s", "prefill_tok_s")}
     for n in {n for _, n in jobs}:
         ours = table.get(f"ours@{n}")
-        for other in ("ours-ortmm", "og"):
+        for other in ("ours-ortmm", "og", "before"):
             theirs = table.get(f"{other}@{n}")
             if ours and theirs:
                 table[f"ours/{other}@{n}"] = {k: ours[k] / theirs[k] for k in ours}
