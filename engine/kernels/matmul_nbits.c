@@ -57,8 +57,13 @@ enum { ELEM_UINT8 = 2 };
 #define RT 4       /* rows per tile */
 #define MAX_BLOCK 256
 
-#define MM_INPUTS 6 /* A, B, scales, zero_points, g_idx, bias */
-static const int MM_TYPES[MM_INPUTS] = {ELEM_FLOAT, ELEM_UINT8, ELEM_FLOAT, ELEM_UINT8, ELEM_INT32, ELEM_FLOAT};
+/* A, B, scales, zero_points, g_idx, bias; then the engine's own: offsets, fp32 [blocks, N],
+   adding sum over b of (the sum of A's block b) * offsets[b, n] to each output (the blocks'
+   minimums of GGUF Q4_1 and K-quants: the graph's Add(MatMulNBits(x), MatMul(block sums of x,
+   offsets)) in one node, engine/model/matmul_pass.py). */
+#define MM_INPUTS 7
+static const int MM_TYPES[MM_INPUTS] = {ELEM_FLOAT, ELEM_UINT8, ELEM_FLOAT, ELEM_UINT8,
+                                        ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 
 typedef struct MatMul {
   int64_t K, N, bits, block, accuracy;
@@ -67,7 +72,9 @@ typedef struct MatMul {
   long busy;                     /* a run is repacking them (atomic) */
   uint8_t* codes;                /* [groups][blocks][bytes] */
   float* scales;                 /* [groups][blocks][NC] */
-  int32_t* zero;                 /* [groups][blocks][NC] */
+  uint8_t* zero;                 /* [groups][blocks][NC], or NULL: all zdefault */
+  int32_t zdefault;              /* 8 for 4 bits, 128 for 8 */
+  float* offsets;                /* [groups][blocks][NC], or NULL */
 } MatMul;
 
 /* 1: AVX-512 with VNNI; 0: the plain C loops (set at registration). */
@@ -78,29 +85,26 @@ static int g_mm_isa;
 /* Group block layout: quad j (k = 4j .. 4j+3 of the block) is 64 bytes, column c's four
    codes at 4c .. 4c+3. 8 bits: quad j at byte 64j. 4 bits: quads j and j + block/8 share
    the 64 bytes of pair j, low and high nibbles. */
-static void repack(MatMul* m, const uint8_t* B, const float* scales, const uint8_t* zp) {
+static void repack(MatMul* m, const uint8_t* B, const float* scales, const uint8_t* zp, const float* offsets) {
   const int64_t blob = m->block * m->bits / 8, half = m->block / 8;
   const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
-  const int32_t zdefault = m->bits == 4 ? 8 : 128;
   for (int64_t g = 0; g < m->groups; ++g) {
     for (int64_t b = 0; b < m->blocks; ++b) {
       uint8_t* dst = m->codes + (g * m->blocks + b) * m->bytes;
       float* s = m->scales + (g * m->blocks + b) * NC;
-      int32_t* z = m->zero + (g * m->blocks + b) * NC;
+      uint8_t* z = m->zero != NULL ? m->zero + (g * m->blocks + b) * NC : NULL;
       for (int64_t c = 0; c < NC; ++c) {
         const int64_t n = g * NC + c;
+        if (m->offsets != NULL)
+          m->offsets[(g * m->blocks + b) * NC + c] = n < m->N ? offsets[b * m->N + n] : 0.0f;
         if (n >= m->N) {
           s[c] = 0.0f;
-          z[c] = 0;
+          if (z != NULL) z[c] = 0;
           continue;
         }
         s[c] = scales[n * m->blocks + b];
-        if (zp == NULL)
-          z[c] = zdefault;
-        else if (m->bits == 4)
-          z[c] = (zp[n * zp_row + b / 2] >> (4 * (b & 1))) & 15;
-        else
-          z[c] = zp[n * zp_row + b];
+        if (z != NULL)
+          z[c] = m->bits == 4 ? (uint8_t)((zp[n * zp_row + b / 2] >> (4 * (b & 1))) & 15) : zp[n * zp_row + b];
         const uint8_t* src = B + (n * m->blocks + b) * blob;
         for (int64_t k = 0; k < m->block; ++k) {
           const int64_t j = k / 4, i = k % 4;
@@ -126,7 +130,20 @@ typedef struct Rows {
   int8_t* qa;         /* [M, Kp] int8 (accuracy 4) */
   float* sa;          /* [M, blocks] */
   int32_t* asum;      /* [M, blocks] */
+  float* bsum;        /* [M, blocks]: each block's sum, in order (with offsets only) */
 } Rows;
+
+/* The sum of each block of each row, in order of k: the same for every path and M. */
+static void block_sums(const MatMul* m, Rows* r) {
+  for (int64_t row = 0; row < r->M; ++row)
+    for (int64_t b = 0; b < m->blocks; ++b) {
+      const int64_t k0 = b * m->block;
+      const int64_t n = r->K - k0 < m->block ? r->K - k0 : m->block;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < n; ++k) sum += r->a[row * r->K + k0 + k];
+      r->bsum[row * m->blocks + b] = sum;
+    }
+}
 
 /* Each row's blocks as int8 with a scale: the same code for every path and every M. */
 static void quantize_rows(const MatMul* m, Rows* r) {
@@ -175,6 +192,11 @@ typedef struct Job {
 
 /* ---- plain C (the reference every path matches) --------------------------------- */
 
+/* The zero points of group g's block b. */
+static inline void zero_points(const MatMul* m, int64_t g, int64_t b, int32_t* z) {
+  for (int64_t c = 0; c < NC; ++c) z[c] = m->zero != NULL ? m->zero[(g * m->blocks + b) * NC + c] : m->zdefault;
+}
+
 static inline uint8_t code_at(const MatMul* m, const uint8_t* blk, int64_t j, int64_t c, int64_t i) {
   if (m->bits == 8) return blk[j * 64 + c * 4 + i];
   const int64_t half = m->block / 8;
@@ -211,10 +233,16 @@ HOT static void group_int8_c(const Job* job, int64_t g) {
       const float sa = r->sa[row * m->blocks + b];
       const int32_t asum = r->asum[row * m->blocks + b];
       const float* sw = m->scales + (g * m->blocks + b) * NC;
-      const int32_t* zw = m->zero + (g * m->blocks + b) * NC;
+      int32_t zw[NC];
+      zero_points(m, g, b, zw);
       for (int64_t c = 0; c < NC; ++c) {
         const float t = sa * sw[c];
         acc[c] = acc[c] + t * (float)(dot[c] - zw[c] * asum);
+      }
+      if (m->offsets != NULL) {
+        const float bs = r->bsum[row * m->blocks + b];
+        const float* off = m->offsets + (g * m->blocks + b) * NC;
+        for (int64_t c = 0; c < NC; ++c) acc[c] = acc[c] + bs * off[c];
       }
     }
     store(job, row, g, acc);
@@ -231,7 +259,8 @@ HOT static void group_fp32_c(const Job* job, int64_t g) {
       const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
       const float* a = r->af + row * r->Kp + b * m->block;
       const float* sw = m->scales + (g * m->blocks + b) * NC;
-      const int32_t* zw = m->zero + (g * m->blocks + b) * NC;
+      int32_t zw[NC];
+      zero_points(m, g, b, zw);
       float p[NC][4] = {{0}};
       for (int64_t j = 0; j < quads; ++j)
         for (int64_t c = 0; c < NC; ++c)
@@ -240,6 +269,11 @@ HOT static void group_fp32_c(const Job* job, int64_t g) {
       for (int64_t c = 0; c < NC; ++c) {
         const float part = (p[c][0] + p[c][1]) + (p[c][2] + p[c][3]);
         acc[c] = acc[c] + sw[c] * part;
+      }
+      if (m->offsets != NULL) {
+        const float bs = r->bsum[row * m->blocks + b];
+        const float* off = m->offsets + (g * m->blocks + b) * NC;
+        for (int64_t c = 0; c < NC; ++c) acc[c] = acc[c] + bs * off[c];
       }
     }
     store(job, row, g, acc);
@@ -293,13 +327,18 @@ AVX512 static inline __attribute__((always_inline)) void tile_int8_avx512(const 
       }
     }
     const __m512 sw = _mm512_loadu_ps(m->scales + (g * m->blocks + b) * NC);
-    const __m512i zw = _mm512_loadu_si512((const void*)(m->zero + (g * m->blocks + b) * NC));
+    const __m512i zw = m->zero != NULL
+                           ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(m->zero + (g * m->blocks + b) * NC)))
+                           : _mm512_set1_epi32(m->zdefault);
     for (int t = 0; t < R; ++t) {
       const int64_t at = (row0 + t) * m->blocks + b;
       const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(d0[t], d1[t]),
                                            _mm512_mullo_epi32(zw, _mm512_set1_epi32(r->asum[at])));
       const __m512 s = _mm512_mul_ps(_mm512_set1_ps(r->sa[at]), sw);
       acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(s, _mm512_cvtepi32_ps(dot)));
+      if (m->offsets != NULL)
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(r->bsum[at]),
+                                                     _mm512_loadu_ps(m->offsets + (g * m->blocks + b) * NC)));
     }
   }
   for (int t = 0; t < R; ++t) {
@@ -331,7 +370,8 @@ AVX512 static inline __attribute__((always_inline)) void tile_fp32_avx512(const 
   for (int t = 0; t < R; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < m->blocks; ++b) {
     const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
-    const int32_t* zp = m->zero + (g * m->blocks + b) * NC;
+    int32_t zp[NC];
+    zero_points(m, g, b, zp);
     __m512i z[4]; /* quarter q: columns 4q .. 4q+3, each repeated over its four lanes */
     for (int q = 0; q < 4; ++q)
       z[q] = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
@@ -362,6 +402,9 @@ AVX512 static inline __attribute__((always_inline)) void tile_fp32_avx512(const 
       const __m512 hi = _mm512_permutex2var_ps(sum_quads(p[t][2]), pick, sum_quads(p[t][3]));
       const __m512 part = _mm512_shuffle_f32x4(lo, hi, 0x44);
       acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sw, part));
+      if (m->offsets != NULL)
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(r->bsum[(row0 + t) * m->blocks + b]),
+                                                     _mm512_loadu_ps(m->offsets + (g * m->blocks + b) * NC)));
     }
   }
   for (int t = 0; t < R; ++t) {
@@ -420,6 +463,7 @@ static void ORT_CALL mm_destroy(void* p) {
   free(m->codes);
   free(m->scales);
   free(m->zero);
+  free(m->offsets);
   free(m);
 }
 
@@ -479,7 +523,8 @@ static OrtStatus* mm_describe(const OrtValue* value, Input* t) {
 }
 
 /* The weights in the kernel's order, made once (the first run; a run beside it waits). */
-static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales, const Input* zp) {
+static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales, const Input* zp,
+                                  const Input* offsets) {
   if (LOAD_ACQUIRE(&m->ready)) return NULL;
   while (EXCHANGE(&m->busy, 1)) {
   }
@@ -487,18 +532,20 @@ static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales
   if (!m->ready) {
     const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
     if (B->count != m->N * m->blocks * (m->block * m->bits / 8) || scales->count != m->N * m->blocks ||
-        (zp != NULL && zp->count != m->N * zp_row)) {
-      status = fail("MatMulNBits (engine.kernels): B, scales or zero_points do not match K, N, bits and "
-                    "block_size");
+        (zp != NULL && zp->count != m->N * zp_row) || (offsets != NULL && offsets->count != m->N * m->blocks)) {
+      status = fail("MatMulNBits (engine.kernels): B, scales, zero_points or offsets do not match K, N, bits "
+                    "and block_size");
     } else {
       m->codes = (uint8_t*)calloc((size_t)(m->groups * m->blocks * m->bytes), 1);
       m->scales = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
-      m->zero = (int32_t*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(int32_t));
-      if (m->codes == NULL || m->scales == NULL || m->zero == NULL) {
+      m->zdefault = m->bits == 4 ? 8 : 128;
+      if (zp != NULL) m->zero = (uint8_t*)malloc((size_t)(m->groups * m->blocks * NC));
+      if (offsets != NULL) m->offsets = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
+      if (m->codes == NULL || m->scales == NULL || (zp != NULL && m->zero == NULL) || (offsets != NULL && m->offsets == NULL)) {
         status = API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
       } else {
         repack(m, (const uint8_t*)B->data, (const float*)scales->data,
-               zp != NULL ? (const uint8_t*)zp->data : NULL);
+               zp != NULL ? (const uint8_t*)zp->data : NULL, offsets != NULL ? (const float*)offsets->data : NULL);
         STORE_RELEASE(&m->ready, 1);
       }
     }
@@ -515,7 +562,8 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
   const OrtValue* inputs[MM_INPUTS] = {0};
   for (size_t i = 0; i < n_inputs; ++i) TRY(API(KernelContext_GetInput)(context, i, &inputs[i]));
   if (inputs[4] != NULL) return fail("MatMulNBits (engine.kernels): g_idx is not handled");
-  Input A, B, S, Z, bias;
+  Input A, B, S, Z, bias, offsets;
+  if (inputs[6] != NULL) TRY(mm_describe(inputs[6], &offsets));
   TRY(mm_describe(inputs[0], &A));
   TRY(mm_describe(inputs[1], &B));
   TRY(mm_describe(inputs[2], &S));
@@ -525,7 +573,7 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
     if (bias.count != m->N) return fail("MatMulNBits (engine.kernels): bias must have N values");
   }
   if (A.rank < 1 || A.dims[A.rank - 1] != m->K) return fail("MatMulNBits (engine.kernels): A's last axis must be K");
-  TRY(ensure_repacked(m, &B, &S, inputs[3] != NULL ? &Z : NULL));
+  TRY(ensure_repacked(m, &B, &S, inputs[3] != NULL ? &Z : NULL, inputs[6] != NULL ? &offsets : NULL));
   int64_t out_dims[8];
   memcpy(out_dims, A.dims, A.rank * sizeof(int64_t));
   out_dims[A.rank - 1] = m->N;
@@ -535,9 +583,10 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
   TRY(API(GetTensorMutableData)(output, (void**)&y));
   const int64_t M = A.count / m->K;
   if (M == 0) return NULL;
-  Rows r = {M, m->K, m->blocks * m->block, (const float*)A.data, NULL, NULL, NULL, NULL};
+  Rows r = {M, m->K, m->blocks * m->block, (const float*)A.data, NULL, NULL, NULL, NULL, NULL};
   const int int8 = m->accuracy == 4;
   void* buffer;
+  float* sums = m->offsets != NULL ? (float*)malloc((size_t)(M * m->blocks) * sizeof(float)) : NULL;
   if (int8) {
     buffer = malloc((size_t)(M * r.Kp) + (size_t)(M * m->blocks) * (sizeof(float) + sizeof(int32_t)) + 64);
     if (buffer != NULL) {
@@ -553,10 +602,22 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
       pad_rows(m, &r);
     }
   }
-  if (buffer == NULL) return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
+  if (m->offsets != NULL && sums == NULL) {
+    free(buffer);
+    buffer = NULL;
+  }
+  if (sums != NULL) {
+    r.bsum = sums;
+    block_sums(m, &r);
+  }
+  if (buffer == NULL) {
+    free(sums);
+    return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
+  }
   Job job = {m, &r, inputs[5] != NULL ? (const float*)bias.data : NULL, y};
   OrtStatus* status = API(KernelContext_ParallelFor)(context, run_group, (size_t)m->groups, 0, &job);
   free(buffer);
+  free(sums);
   return status;
 }
 

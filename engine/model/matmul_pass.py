@@ -14,11 +14,13 @@ registers the kernels' library with the session.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from engine.model import onnx_proto as proto
 from engine.model.graph_passes import (
     KERNEL_DOMAIN,
     _dynamic,
+    _Graph,
     _GraphNode,
     _parse,
     _Reader,
@@ -53,29 +55,122 @@ def own_matmul_moves(data: bytes, *, eight_bit: bool = False
     #: fp16 graphs (fp16 inputs) may compute fp16 scales: only fp32 initializers then
     half = proto.FLOAT16 in graph.inputs.values()
     g0, g1 = graph.span
-    out = bytearray()
-    pos = g0
     nodes = moved = 0
-    for g in graph.nodes:
+    #: node index -> its new bytes (b"" drops it)
+    edits: dict[int, bytes] = {}
+    fusions = _offset_fusions(graph, dynamic)
+    for index, g in enumerate(graph.nodes):
         if g.node.op_type != "MatMulNBits":
             continue
         nodes += 1
-        node = _own_matmul_node(view, g, dynamic, graph.init_types, half)
+        fused = fusions.get(index)
+        node = _own_matmul_node(view, g, dynamic, graph.init_types, half, fused)
         if not eight_bit and isinstance(node, bytes) and _bits(view, g) == 8:
             node = EIGHT_BIT
         if isinstance(node, str):
             kept[node] += 1
             continue
-        out += view[pos:g.start]
-        out += proto._bytes(1, node)
-        pos = g.end
         moved += 1
+        if fused is None:
+            edits[index] = proto._bytes(1, node)
+            continue
+        # the node takes the Add's place (its offsets may be computed after the
+        # MatMulNBits); the Add and the block sums' MatMul go
+        edits[index] = b""
+        edits[fused.add] = proto._bytes(1, node)
+        edits[fused.matmul] = b""
     if not moved:
         return None, nodes, kept
+    edits.update(_unread(graph, edits))
+    out = bytearray()
+    pos = g0
+    for index in sorted(edits):
+        g = graph.nodes[index]
+        out += view[pos:g.start]
+        out += edits[index]
+        pos = g.end
     out += view[pos:g1]
     opset = b"" if _imports(view, KERNEL_DOMAIN) else \
         proto._bytes(8, proto._str(1, KERNEL_DOMAIN) + proto._int(2, 1))
     return _with_graph(view, bytes(out), opset), nodes, kept
+
+
+@dataclass(frozen=True)
+class _Fusion:
+    """`Add(MatMulNBits(x), MatMul(ReduceSum(Reshape(x, [0, 0, blocks, block])), offsets))`
+    (the importer's int4 blocks with a minimum, engine.model.gguf_blocks): node indices
+    and the names the fused node takes."""
+
+    add: int
+    matmul: int
+    offsets: str
+    output: str
+    block: int  # the block sums' block, which must be the node's
+
+
+def _offset_fusions(graph: _Graph, dynamic: set[str]) -> dict[int, _Fusion]:
+    """The MatMulNBits nodes (by index) whose block-minimum correction the engine's kernel
+    can take in (its `offsets` input)."""
+    producer = {o: i for i, g in enumerate(graph.nodes) for o in g.node.outputs if o}
+    readers: dict[str, list[int]] = {}
+    for i, g in enumerate(graph.nodes):
+        for name in g.node.inputs:
+            readers.setdefault(name, []).append(i)
+    found: dict[int, _Fusion] = {}
+    for i, g in enumerate(graph.nodes):
+        if g.node.op_type != "MatMulNBits" or not g.node.outputs:
+            continue
+        y = g.node.outputs[0]
+        if y in graph.outputs or len(readers.get(y, [])) != 1:
+            continue
+        add = graph.nodes[readers[y][0]]
+        if add.node.op_type != "Add" or len(add.node.inputs) != 2:
+            continue
+        extra = add.node.inputs[1] if add.node.inputs[0] == y else add.node.inputs[0]
+        m = producer.get(extra)
+        if m is None or len(readers.get(extra, [])) != 1:
+            continue
+        mm = graph.nodes[m].node
+        if mm.op_type != "MatMul" or len(mm.inputs) != 2 or mm.inputs[1] in dynamic:
+            continue
+        r = producer.get(mm.inputs[0])
+        if r is None or graph.nodes[r].node.op_type != "ReduceSum":
+            continue
+        sums = graph.nodes[r].node
+        if len(sums.inputs) < 2 or graph.ints.get(sums.inputs[1]) not in ([-1], [3]):
+            continue
+        s = producer.get(sums.inputs[0])
+        if s is None or graph.nodes[s].node.op_type != "Reshape":
+            continue
+        shape = graph.nodes[s].node
+        if shape.inputs[0] != g.node.inputs[0] or len(shape.inputs) < 2 \
+                or len(graph.ints.get(shape.inputs[1], [])) != 4 \
+                or graph.ints[shape.inputs[1]][:2] != [0, 0]:
+            continue
+        found[i] = _Fusion(readers[y][0], m, mm.inputs[1], add.node.outputs[0],
+                           graph.ints[shape.inputs[1]][3])
+    return found
+
+
+def _unread(graph: _Graph, edits: dict[int, bytes]) -> dict[int, bytes]:
+    """The block sums (ReduceSum, Reshape) no node reads any more once `edits` drop
+    their MatMuls: dropped too."""
+    dropped = {i for i, b in edits.items() if not b}
+    more: dict[int, bytes] = {}
+    changed = True
+    while changed:
+        changed = False
+        read = {name for i, g in enumerate(graph.nodes) if i not in dropped
+                for name in g.node.inputs}
+        for i, g in enumerate(graph.nodes):
+            if i in dropped or g.node.op_type not in ("ReduceSum", "Reshape"):
+                continue
+            outputs = [o for o in g.node.outputs if o]
+            if outputs and not any(o in read or o in graph.outputs for o in outputs):
+                dropped.add(i)
+                more[i] = b""
+                changed = True
+    return more
 
 
 def _bits(view: memoryview, g: _GraphNode) -> int:
@@ -104,7 +199,8 @@ def _imports(view: memoryview, domain: str) -> bool:
 
 
 def _own_matmul_node(view: memoryview, g: _GraphNode, dynamic: set[str],
-                     types: dict[str, int], half: bool) -> bytes | str:
+                     types: dict[str, int], half: bool, fused: _Fusion | None = None
+                     ) -> bytes | str:
     """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
     r = _Reader(view, g.start, g.end)
     r.varint()  # the node field's key
@@ -143,6 +239,11 @@ def _own_matmul_node(view: memoryview, g: _GraphNode, dynamic: set[str],
     why = _not_covered(inputs, ints, dynamic, types, half)
     if why is not None:
         return why
+    if fused is not None and fused.block != ints.get("block_size"):
+        return "block sums in other blocks than the weights'"
+    if fused is not None:  # offsets go in as the seventh input, the Add's output out
+        inputs = inputs + [""] * (_INPUTS - len(inputs)) + [fused.offsets]
+        outputs = [fused.output]
     node = bytearray()
     node += b"".join(proto._str(1, i) for i in inputs)
     node += b"".join(proto._str(2, o) for o in outputs)

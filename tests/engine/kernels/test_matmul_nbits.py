@@ -224,3 +224,35 @@ def test_the_built_in_models_nodes_all_run_the_engine_kernel_and_the_switch_turn
         assert f"turned off by {kernels.MATMUL_ENV}=0" in use.line()
     finally:
         engine.close()
+
+
+def _offset_corrected(k: int = 96, n: int = 40, block: int = 32) -> bytes:
+    """The GGUF importer's int4 blocks with a minimum: `Add(MatMulNBits(A), MatMul(block
+    sums of A, offsets))` (engine.model.gguf_graph)."""
+    model = onnx.load_from_string(_model("com.microsoft", (4, block, False, 4, k, n, False)))
+    graph = model.graph
+    graph.node[0].output[0] = "y"
+    offsets = np.random.default_rng(5).standard_normal((k // block, n)).astype(np.float32)
+    graph.initializer.extend([
+        numpy_helper.from_array(offsets, "offsets"),
+        numpy_helper.from_array(np.array([0, 0, k // block, block], np.int64), "shape"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    graph.node.extend([helper.make_node("Reshape", ["A", "shape"], ["parts"]),
+                       helper.make_node("ReduceSum", ["parts", "axes"], ["sums"], keepdims=0),
+                       helper.make_node("MatMul", ["sums", "offsets"], ["extra"]),
+                       helper.make_node("Add", ["y", "extra"], ["Y"])])
+    return model.SerializeToString()
+
+
+def test_an_offset_corrected_matmul_becomes_one_node_with_the_same_results():
+    data = _offset_corrected()
+    moved, nodes, kept = own_matmul_moves(data)
+    assert moved is not None and nodes == 1 and not kept
+    assert _ops(moved) == [("MatMulNBits", KERNEL_DOMAIN)]  # the block sums, MatMul, Add: gone
+    a = _rows(96, 64)
+    ours = _session(moved).run(None, {"A": a})[0]
+    theirs = _session(data).run(None, {"A": a})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-6 * np.abs(theirs).max())
+    session = _session(moved)
+    alone = np.concatenate([session.run(None, {"A": a[:, i:i + 1]})[0] for i in range(64)], 1)
+    np.testing.assert_array_equal(session.run(None, {"A": a})[0], alone)
