@@ -23,7 +23,8 @@ from pathlib import Path
 #: their plain C loops even where the CPU has AVX2 (the tests cover both).
 ENV = "ONNX_GENAI_KERNELS"
 #: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
-#: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT).
+#: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT), and so
+#: does a CPU without AVX-512 VNNI (the plain C loops: the same bits, 3-10x slower).
 MATMUL_ENV = "ONNX_GENAI_MATMUL"
 #: What setup.py builds (named so that no importer takes it for a Python module).
 LIBRARY = Path(__file__).resolve().parent / "decode_attention.ortops"
@@ -57,6 +58,32 @@ def matmul_on() -> bool:
 def matmul_eight_bit() -> bool:
     """Whether 8-bit MatMulNBits nodes go to the engine's kernel too (MATMUL_ENV=all)."""
     return os.environ.get(MATMUL_ENV, "1") == "all"
+
+
+def matmul_paths() -> str | None:
+    """What the engine's MatMulNBits runs on this CPU: "avx512-vnni" or "portable: <why>"
+    (None: no library, or one built before it had this kernel)."""
+    path = library()
+    if path is None:
+        return None
+    try:
+        paths_of = ctypes.CDLL(str(path)).EngineKernelsMatmulPaths
+    except (OSError, AttributeError):
+        return None
+    paths_of.restype = ctypes.c_char_p
+    paths_of.argtypes = []
+    return (paths_of() or b"").decode("utf-8", "replace")
+
+
+def matmul_slow_reason() -> str | None:
+    """Why MatMulNBits nodes keep ONNX Runtime's kernel on this CPU (None: they need not)."""
+    paths = matmul_paths()
+    if paths is None:
+        return "the kernels' library predates the engine's MatMulNBits"
+    if paths == "avx512-vnni" or matmul_eight_bit():
+        return None
+    return (f"{paths.partition(': ')[2] or paths}: ONNX Runtime's kernel is faster than the "
+            f"plain C loops ({MATMUL_ENV}=all runs them)")
 
 
 def c_compiler() -> str | None:

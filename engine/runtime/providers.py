@@ -194,13 +194,14 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
         graph = moved or graph
         use = KernelUse(status, nodes, nodes - sum(kept.values()), kept) if nodes or not kept \
             else _kept(status, attention_nodes, next(iter(kept)))  # the graph was unreadable
-        if kernels.matmul_on():
+        slow = kernels.matmul_slow_reason() if kernels.matmul_on() else None
+        if kernels.matmul_on() and slow is None:
             moved, nodes, kept = own_matmul_moves(graph if graph is not None else data,
                                                   eight_bit=kernels.matmul_eight_bit())
             graph = moved or graph
             nodes = nodes if nodes or not kept else matmul_nodes
         else:
-            nodes, kept = matmul_nodes, Counter({_MATMUL_OFF: matmul_nodes})
+            nodes, kept = matmul_nodes, Counter({slow or _MATMUL_OFF: matmul_nodes})
         use = dataclasses.replace(use, matmul_nodes=nodes, matmul_kept=kept,
                                   matmul_moved=nodes - sum(kept.values()) if nodes else 0)
     return graph, spec, use
