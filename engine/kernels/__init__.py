@@ -80,10 +80,16 @@ def matmul_slow_reason() -> str | None:
     paths = matmul_paths()
     if paths is None:
         return "the kernels' library predates the engine's MatMulNBits"
-    if paths == "avx512-vnni" or matmul_eight_bit():
+    if paths == "avx512-vnni" or paths.startswith("avx2") or matmul_eight_bit():
         return None
     return (f"{paths.partition(': ')[2] or paths}: ONNX Runtime's kernel is faster than the "
             f"plain C loops ({MATMUL_ENV}=all runs them)")
+
+
+def matmul_fp32_fast() -> bool:
+    """Whether the engine's MatMulNBits has vector code for fp32 accuracy on this CPU
+    (AVX-512 VNNI; with AVX2 only accuracy level 4 is vectorised)."""
+    return matmul_paths() == "avx512-vnni" or matmul_eight_bit()
 
 
 def c_compiler() -> str | None:

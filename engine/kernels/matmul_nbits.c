@@ -77,7 +77,8 @@ typedef struct MatMul {
   float* offsets;                /* [groups][blocks][NC], or NULL */
 } MatMul;
 
-/* 1: AVX-512 with VNNI; 0: the plain C loops (set at registration). */
+/* 1: AVX-512 with VNNI; 2: AVX2 (4-bit codes at accuracy level 4; the plain C loops for the
+   rest); 0: the plain C loops (set at registration). */
 static int g_mm_isa;
 
 /* ---- repacking ------------------------------------------------------------------ */
@@ -414,6 +415,75 @@ AVX512 static inline __attribute__((always_inline)) void tile_fp32_avx512(const 
   }
 }
 
+/* ---- AVX2 (4-bit codes, accuracy level 4) -------------------------------------- */
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* Sum of u8 codes times s8 activations over one quad, for 8 columns: maddubs adds the pairs
+   into int16 (at most 2 * 15 * 127: exact for 4-bit codes) and madd the two pairs into int32,
+   the same integers as VNNI's. */
+AVX2 static inline __m256i quad_dot_avx2(__m256i w, int32_t a) {
+  const __m256i pairs = _mm256_maddubs_epi16(w, _mm256_set1_epi32(a));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+AVX2 static inline __attribute__((always_inline)) void tile_int8_avx2(const Job* job, int64_t g, int64_t row0,
+                                                                       const int R) {
+  const MatMul* m = job->m;
+  const Rows* r = job->r;
+  const int64_t half = m->block / 8;
+  const __m256i low = _mm256_set1_epi8(15);
+  __m256 acc[RT][2];
+  for (int t = 0; t < R; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < m->blocks; ++b) {
+    const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+    __m256i d[RT][2];
+    for (int t = 0; t < R; ++t) d[t][0] = d[t][1] = _mm256_setzero_si256();
+    const int8_t* qa = r->qa + row0 * r->Kp + b * m->block;
+    for (int64_t p = 0; p < half; ++p) {
+      for (int h = 0; h < 2; ++h) { /* columns 8h .. 8h+7 */
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + p * 64 + h * 32));
+        const __m256i lo = _mm256_and_si256(v, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int t = 0; t < R; ++t) {
+          int32_t x0, x1;
+          memcpy(&x0, qa + t * r->Kp + 4 * p, 4);
+          memcpy(&x1, qa + t * r->Kp + 4 * (p + half), 4);
+          d[t][h] = _mm256_add_epi32(d[t][h], _mm256_add_epi32(quad_dot_avx2(lo, x0), quad_dot_avx2(hi, x1)));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sw = _mm256_loadu_ps(m->scales + (g * m->blocks + b) * NC + 8 * h);
+      int32_t zp[NC];
+      zero_points(m, g, b, zp);
+      const __m256i zw = _mm256_loadu_si256((const __m256i*)(zp + 8 * h));
+      const __m256 off = m->offsets != NULL ? _mm256_loadu_ps(m->offsets + (g * m->blocks + b) * NC + 8 * h)
+                                            : _mm256_setzero_ps();
+      for (int t = 0; t < R; ++t) {
+        const int64_t at = (row0 + t) * m->blocks + b;
+        const __m256i dot = _mm256_sub_epi32(d[t][h], _mm256_mullo_epi32(zw, _mm256_set1_epi32(r->asum[at])));
+        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(r->sa[at]), sw);
+        acc[t][h] = _mm256_add_ps(acc[t][h], _mm256_mul_ps(sc, _mm256_cvtepi32_ps(dot)));
+        if (m->offsets != NULL)
+          acc[t][h] = _mm256_add_ps(acc[t][h], _mm256_mul_ps(_mm256_set1_ps(r->bsum[at]), off));
+      }
+    }
+  }
+  for (int t = 0; t < R; ++t) {
+    float out[NC];
+    _mm256_storeu_ps(out, acc[t][0]);
+    _mm256_storeu_ps(out + 8, acc[t][1]);
+    store(job, row0 + t, g, out);
+  }
+}
+
+AVX2 static void group_int8_avx2(const Job* job, int64_t g) {
+  int64_t row = 0;
+  for (; row + RT <= job->r->M; row += RT) tile_int8_avx2(job, g, row, RT);
+  for (; row < job->r->M; ++row) tile_int8_avx2(job, g, row, 1);
+}
+
 AVX512 static void group_fp32_avx512(const Job* job, int64_t g) {
   int64_t row = 0;
   for (; row + 2 <= job->r->M; row += 2) tile_fp32_avx512(job, g, row, 2);
@@ -430,6 +500,10 @@ static void run_group(void* data, size_t task) {
       group_int8_avx512(job, (int64_t)task);
     else
       group_fp32_avx512(job, (int64_t)task);
+    return;
+  }
+  if (g_mm_isa == 2 && int8 && job->m->bits == 4) {
+    group_int8_avx2(job, (int64_t)task);
     return;
   }
 #endif
@@ -623,16 +697,20 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
 
 static CustomOp g_mm_op;
 
-/* "avx512-vnni" or "portable: <why>": what the matmul runs on this CPU. */
+/* "avx512-vnni", "avx2: <why>" or "portable: <why>": what the matmul runs on this CPU
+   (ONNX_GENAI_KERNELS=avx2 or =portable picks the others, for the tests). */
 const char* engine_matmul_paths(void) {
 #ifdef HAVE_X86_PATHS
   __builtin_cpu_init();
   const char* choice = getenv("ONNX_GENAI_KERNELS");
   if (choice != NULL && strcmp(choice, "portable") == 0) return "portable: ONNX_GENAI_KERNELS=portable";
+  const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (choice != NULL && strcmp(choice, "avx2") == 0 && avx2) return "avx2: ONNX_GENAI_KERNELS=avx2";
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
     return "avx512-vnni";
-  return "portable: this CPU lacks AVX-512 VNNI";
+  if (avx2) return "avx2: this CPU lacks AVX-512 VNNI";
+  return "portable: this CPU lacks AVX2";
 #else
   return "portable: built without the x86-64 vector code";
 #endif
@@ -640,7 +718,8 @@ const char* engine_matmul_paths(void) {
 
 /* Adds MatMulNBits to the engine's domain (RegisterCustomOps, decode_attention.c). */
 OrtStatus* engine_matmul_register(OrtCustomOpDomain* domain) {
-  g_mm_isa = strcmp(engine_matmul_paths(), "avx512-vnni") == 0;
+  const char* paths = engine_matmul_paths();
+  g_mm_isa = strcmp(paths, "avx512-vnni") == 0 ? 1 : strncmp(paths, "avx2", 4) == 0 ? 2 : 0;
   g_mm_op.version = OP_VERSION;
   g_mm_op.CreateKernel = NULL;
   g_mm_op.GetName = mm_name;

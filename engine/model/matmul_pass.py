@@ -38,9 +38,12 @@ _INPUTS = 6
 #: x86-64, tests/engine/kernels/test_matmul_nbits.py), and a GGUF import's folder then
 #: computes exactly what onnxruntime-genai computes on it.
 EIGHT_BIT = "8-bit weights (ONNX Runtime's kernel unless ONNX_GENAI_MATMUL=all)"
+#: Why fp32-accuracy nodes keep ONNX Runtime's kernel without `fp32` (a CPU with AVX2 but
+#: not AVX-512 VNNI: the engine's kernel has vector code for accuracy level 4 only there).
+FP32_SLOW = "fp32 accuracy without AVX-512 VNNI (ONNX Runtime's kernel is faster there)"
 
 
-def own_matmul_moves(data: bytes, *, eight_bit: bool = False
+def own_matmul_moves(data: bytes, *, eight_bit: bool = False, fp32: bool = True
                      ) -> tuple[bytes | None, int, Counter[str]]:
     """`data` with the MatMulNBits nodes the engine's kernel covers moved to it (None when
     none is; 8-bit ones only with `eight_bit`), the graph's MatMulNBits node count, and why
@@ -65,8 +68,10 @@ def own_matmul_moves(data: bytes, *, eight_bit: bool = False
         nodes += 1
         fused = fusions.get(index)
         node = _own_matmul_node(view, g, dynamic, graph.init_types, half, fused)
-        if not eight_bit and isinstance(node, bytes) and _bits(view, g) == 8:
+        if isinstance(node, bytes) and not eight_bit and _int(view, g, "bits", 4) == 8:
             node = EIGHT_BIT
+        if isinstance(node, bytes) and not fp32 and _int(view, g, "accuracy_level", 0) != 4:
+            node = FP32_SLOW
         if isinstance(node, str):
             kept[node] += 1
             continue
@@ -173,8 +178,8 @@ def _unread(graph: _Graph, edits: dict[int, bytes]) -> dict[int, bytes]:
     return more
 
 
-def _bits(view: memoryview, g: _GraphNode) -> int:
-    """A MatMulNBits node's `bits` attribute (4 when absent)."""
+def _int(view: memoryview, g: _GraphNode, name: str, default: int) -> int:
+    """A node's integer attribute `name` (`default` when absent)."""
     r = _Reader(view, g.start, g.end)
     r.varint()
     length = r.varint()
@@ -182,9 +187,9 @@ def _bits(view: memoryview, g: _GraphNode) -> int:
     for number, wire, value in body.fields():
         if number == 5 and wire == 2:
             fields = list(body.sub(value).fields())
-            if any(n == 1 and w == 2 and body.text(v) == "bits" for n, w, v in fields):
-                return next((v for n, w, v in fields if n == 3 and w == 0), 4)
-    return 4
+            if any(n == 1 and w == 2 and body.text(v) == name for n, w, v in fields):
+                return next((v for n, w, v in fields if n == 3 and w == 0), default)
+    return default
 
 
 def _imports(view: memoryview, domain: str) -> bool:

@@ -197,7 +197,8 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
         slow = kernels.matmul_slow_reason() if kernels.matmul_on() else None
         if kernels.matmul_on() and slow is None:
             moved, nodes, kept = own_matmul_moves(graph if graph is not None else data,
-                                                  eight_bit=kernels.matmul_eight_bit())
+                                                  eight_bit=kernels.matmul_eight_bit(),
+                                                  fp32=kernels.matmul_fp32_fast())
             graph = moved or graph
             nodes = nodes if nodes or not kept else matmul_nodes
         else:

@@ -141,13 +141,14 @@ def test_onnx_runtimes_own_op_is_not_row_invariant():
     assert _invariance("com.microsoft", LAYOUTS["int4 b128 acc4"]) != []
 
 
-def test_the_portable_loops_give_the_same_bits(tmp_path):
-    """Without AVX-512 VNNI the plain C loops run: the same outputs, bit for bit, as the
-    vector code (the choice is made once per process, so the other one runs in a child)."""
-    if os.environ.get(kernels.ENV) == "portable":
-        pytest.skip("this process is the portable run")
+def test_the_avx2_code_and_the_portable_loops_give_the_same_bits(tmp_path):
+    """Without AVX-512 VNNI the AVX2 code (4-bit, accuracy 4) or the plain C loops run: the
+    same outputs, bit for bit, as AVX-512 (the choice is made once per process, so each
+    runs in a child; on a CPU without AVX2 or AVX-512 they fall back to the plain C loops)."""
+    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+        pytest.skip("this process is a child run")
     outputs = {}
-    for choice in ("1", "portable"):
+    for choice in ("1", "avx2", "portable"):
         out = tmp_path / f"{choice}.npz"
         code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[2]); "
                 "from tests.engine.kernels import test_matmul_nbits as t; "
@@ -161,6 +162,7 @@ def test_the_portable_loops_give_the_same_bits(tmp_path):
         with np.load(out) as data:
             outputs[choice] = {key: data[key] for key in data.files}
     for key, vector in outputs["1"].items():
+        np.testing.assert_array_equal(vector, outputs["avx2"][key])
         np.testing.assert_array_equal(vector, outputs["portable"][key])
 
 
