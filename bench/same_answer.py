@@ -1,6 +1,6 @@
 """Same answer whatever the path: the invariance matrix (paths x models x kernels).
 
-    .venv/bin/python -m bench.invariance
+    .venv/bin/python -m bench.same_answer
 
 For each model and each kernel choice (the engine's kernels; ONNX Runtime's MatMulNBits
 with ONNX_GENAI_MATMUL=0; ONNX Runtime's kernels throughout with ONNX_GENAI_KERNELS=0),
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in models.items():
             for kernels, env in KERNELS.items():
                 done = subprocess.run(
-                    [sys.executable, "-m", "bench.invariance", "--worker", str(path)],
+                    [sys.executable, "-m", "bench.same_answer", "--worker", str(path)],
                     cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env},
                     capture_output=True, text=True, check=False)
                 if done.returncode:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:30} {kernels:10} {cells}", flush=True)
     out = REPO / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "invariance.json").write_text(json.dumps(table, indent=2))
+    (out / "same_answer.json").write_text(json.dumps(table, indent=2))
     return 0
 
 
