@@ -1,6 +1,8 @@
 """The built-in model gives the same greedy answer, bit for bit, whatever the path: a repeat
-whose prompt KV is reused, and a prefill in chunks of any size (engine/kernels: MatMulNBits
-and attention compute a row the same way however many rows a run has)."""
+whose prompt KV is reused, a prefill in chunks of any size, a batch of four, prompt-lookup
+speculation (engine/kernels: MatMulNBits and attention compute a row the same way however
+many rows a run has). With ONNX Runtime's kernels (ONNX_GENAI_KERNELS=0) every test here
+fails."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from engine import ChatMessage, Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
 from engine.model.default_model import default_model_dir
+from engine.scheduling.scheduler import Scheduler
 
 FOUND = default_model_dir()
 MODEL = FOUND if FOUND is not None else Path("missing")
@@ -70,3 +73,47 @@ def test_the_prefill_chunk_size_does_not_change_a_greedy_answer(chunk):
     finally:
         whole.close()
         chunked.close()
+
+
+def _ids_request(ids: tuple[int, ...], **options: object) -> GenerateRequest:
+    options = {"max_new_tokens": 24, **options}
+    return GenerateRequest(token_ids=ids, options=GenerateOptions(
+        temperature=0.0, stop_on_eos=False, **options))  # type: ignore[arg-type]
+
+
+def test_a_batch_of_four_gives_each_request_its_solo_answer():
+    engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    try:
+        rng = np.random.default_rng(1)
+        prompts = [tuple(int(x) for x in rng.integers(100, 40000, size=n)) for n in (20, 33, 47)]
+        prompts.append(prompts[0] * 3)
+        solo = [engine.generate(_ids_request(p, top_logprobs=1)) for p in prompts]
+        scheduler = Scheduler(engine)
+        results: list[list[object]] = [[] for _ in prompts]
+        for prompt, sink in zip(prompts, results, strict=True):
+            scheduler.submit(_ids_request(prompt, top_logprobs=1), sink.append)
+        while scheduler.step():
+            pass
+        for alone, sink in zip(solo, results, strict=True):
+            batched = sink[-1].result  # type: ignore[attr-defined]
+            assert list(batched.token_ids) == list(alone.token_ids)
+            assert [t.logprob for t in batched.logprobs] == [t.logprob for t in alone.logprobs]
+    finally:
+        engine.close()
+
+
+def test_prompt_lookup_speculation_gives_plain_greedys_tokens():
+    engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    try:
+        rng = np.random.default_rng(1)
+        prompts = [tuple(int(x) for x in rng.integers(100, 40000, size=20)) * 3,
+                   tuple(int(x) for x in rng.integers(100, 4000, size=30)) * 2]
+        for prompt in prompts:
+            plain = engine.generate(_ids_request(prompt, max_new_tokens=48))
+            engine.runner.reset()
+            guessed = engine.generate(_ids_request(prompt, max_new_tokens=48,
+                                                   speculative_mode="prompt_lookup"))
+            assert guessed.speculation is not None and guessed.speculation.accepted > 0
+            assert list(guessed.token_ids) == list(plain.token_ids)
+    finally:
+        engine.close()
