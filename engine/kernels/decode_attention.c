@@ -289,12 +289,15 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
 #define MAX_HEAD 256
 
 typedef struct Step {
-  int64_t batch, heads, kv_heads, group, head_size, capacity, chunks;
-  const int32_t* seqlens;  /* [batch]: each row's length before this token */
-  const float* q;          /* [batch, heads, head_size], rotated and scaled */
+  int64_t rows, heads, kv_heads, group, head_size, capacity, chunks;
+  int64_t seq;             /* new tokens per batch row: row r is token r % seq of batch r / seq */
+  const int32_t* totals;   /* [rows]: the positions row r attends to, itself included */
+  const float* q;          /* [rows, heads, head_size], rotated and scaled */
   const float* keys;       /* [batch, kv_heads, capacity, head_size] */
   const float* values;
-  float* partial;          /* [batch, heads, chunks, head_size + 2]: acc..., max, sum */
+  float* partial;          /* chunk tasks: [rows, heads, chunks, head_size + 2]: acc..., max, sum */
+  float* out;              /* row tasks: [rows, heads, head_size] */
+  volatile int failed;     /* a row task could not get its scratch memory */
 } Step;
 
 /* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
@@ -369,19 +372,19 @@ static inline float sum16(const float* lanes) {
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-/* One task: the query heads of one KV head of one row, over one chunk of positions. The
-   chunk's keys and values (CHUNK x head_size floats each) come from memory once and stay
-   in the core's cache for the group's other query heads. Inlined with D a constant for
-   the common head sizes, so a query row and its accumulator live in registers. */
-static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
-  const int64_t chunk = (int64_t)task % s->chunks;
-  const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
-  const int64_t b = (int64_t)task / (s->chunks * s->kv_heads);
-  const int64_t total = (int64_t)s->seqlens[b] + 1;
+/* One piece of work: the query heads of one KV head of one row, over one chunk of
+   positions, into `out` (one partial of head_size + 2 floats per query head, `stride`
+   floats apart). The chunk's keys and values (CHUNK x head_size floats each) come from
+   memory once and stay in the core's cache for the group's other query heads. Inlined
+   with D a constant for the common head sizes, so a query row and its accumulator live
+   in registers. A row's partials depend only on its query, its total and the cache: never
+   on how many rows run together or in which order (see attend_piece). */
+static ALWAYS_INLINE void attend(const Step* s, int64_t r, int64_t g, int64_t chunk, float* out,
+                                 int64_t stride, const int64_t D) {
+  const int64_t b = r / s->seq;
+  const int64_t total = (int64_t)s->totals[r];
   const int64_t t0 = chunk * CHUNK;
   const int64_t G = s->group;
-  float* out = s->partial + ((b * s->heads + g * G) * s->chunks + chunk) * (D + 2);
-  const int64_t stride = s->chunks * (D + 2); /* from one query head's partial to the next */
   if (t0 >= total) { /* nothing in this chunk for this row: an empty partial */
     for (int64_t j = 0; j < G; ++j) {
       float* o = out + j * stride;
@@ -397,7 +400,7 @@ static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
   float scores[CHUNK];
   float acc[MAX_HEAD];
   for (int64_t j = 0; j < G; ++j) {
-    const float* q = s->q + (b * s->heads + g * G + j) * D;
+    const float* q = s->q + (r * s->heads + g * G + j) * D;
 #ifdef HAVE_X86_PATHS
     if (g_isa == 1 && D % 8 == 0)
       dots_avx2(q, K, n, D, scores);
@@ -440,13 +443,82 @@ static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
   }
 }
 
-HOT static void attend_chunk(void* data, size_t task) {
-  const Step* s = (const Step*)data;
+/* Every path runs a row's chunk through this one compiled function (never inlined into
+   its callers, whose code generation could differ), so a row gets the same bits whether it
+   runs alone in a decode step or among the rows of a prefill chunk or a check. */
+HOT __attribute__((noinline)) static void attend_piece(const Step* s, int64_t r, int64_t g, int64_t chunk,
+                                                       float* out, int64_t stride) {
   switch (s->head_size) {
-    case 64: attend(s, task, 64); break;
-    case 128: attend(s, task, 128); break;
-    default: attend(s, task, s->head_size); break;
+    case 64: attend(s, r, g, chunk, out, stride, 64); break;
+    case 128: attend(s, r, g, chunk, out, stride, 128); break;
+    default: attend(s, r, g, chunk, out, stride, s->head_size); break;
   }
+}
+
+/* A row's attention for one query head from its chunks' partials (`chunks` of them, D + 2
+   floats each): rescaled to the largest maximum, then normalised. Empty chunks (a sum of
+   0) add nothing. One compiled function for every path, like attend_piece. */
+__attribute__((noinline)) static void combine(const float* parts, int64_t chunks, int64_t D, float* o) {
+  float m = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
+  memset(o, 0, (size_t)D * sizeof(float));
+  float sum = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* part = parts + c * (D + 2);
+    if (part[D + 1] == 0.0f) continue;
+    const float w = expf(part[D] - m);
+    sum += w * part[D + 1];
+    for (int64_t d = 0; d < D; ++d) o[d] += w * part[d];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+}
+
+/* Chunk tasks (a decode step: few rows, so the positions are split among the threads):
+   task = (row, KV head, chunk); the partials are combined after all tasks. */
+static void attend_chunk(void* data, size_t task) {
+  const Step* s = (const Step*)data;
+  const int64_t chunk = (int64_t)task % s->chunks;
+  const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
+  const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
+  const int64_t D = s->head_size;
+  float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
+  attend_piece(s, r, g, chunk, out, s->chunks * (D + 2));
+}
+
+/* Row tasks (a prefill chunk or a check: many rows): task = (ROW_BLOCK consecutive rows,
+   KV head). The task walks the chunks in order and runs each chunk for all its rows, so
+   the chunk's keys and values are read from memory once for the block, then combines
+   each row's partials itself, in its own scratch. */
+#define ROW_BLOCK 16
+
+static void attend_rows(void* data, size_t task) {
+  Step* s = (Step*)data;
+  const int64_t g = (int64_t)task % s->kv_heads;
+  const int64_t r0 = ((int64_t)task / s->kv_heads) * ROW_BLOCK;
+  const int64_t r1 = r0 + ROW_BLOCK < s->rows ? r0 + ROW_BLOCK : s->rows;
+  const int64_t D = s->head_size, G = s->group;
+  int64_t chunks = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t c = ((int64_t)s->totals[r] + CHUNK - 1) / CHUNK;
+    chunks = c > chunks ? c : chunks;
+  }
+  const int64_t per_head = chunks * (D + 2);
+  float* parts = (float*)malloc((size_t)((r1 - r0) * G * per_head) * sizeof(float));
+  if (parts == NULL) {
+    s->failed = 1;
+    return;
+  }
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t r = r0; r < r1; ++r)
+      if (c * CHUNK < (int64_t)s->totals[r])
+        attend_piece(s, r, g, c, parts + (r - r0) * G * per_head + c * (D + 2), per_head);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t own = ((int64_t)s->totals[r] + CHUNK - 1) / CHUNK;
+    for (int64_t j = 0; j < G; ++j)
+      combine(parts + ((r - r0) * G + j) * per_head, own, D, s->out + (r * s->heads + g * G + j) * D);
+  }
+  free(parts);
 }
 
 static void rotate(float* x, const float* cos_row, const float* sin_row, int64_t rotary_dim, int interleaved) {
@@ -514,6 +586,11 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
   return API(InvokeOp)(context, k->fallback, inputs, N_INPUTS, outputs, N_OUTPUTS);
 }
 
+/* Row tasks when there are enough of them for the threads, or the chunk tasks' partials
+   would take more than this many floats. Either way a row gets the same bits. */
+#define ROW_TASKS_PER_THREAD 4
+#define MAX_PARTIAL_FLOATS (4 << 20)
+
 static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   const Kernel* k = (const Kernel*)p;
   size_t n_inputs = 0;
@@ -532,7 +609,10 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     TRY(describe(inputs[3], &past_key));
     TRY(describe(inputs[4], &past_value));
     TRY(describe(inputs[5], &seqlens));
-    fast = query.rank == 3 && query.dims[1] == 1 && query.elem == ELEM_FLOAT && past_key.rank == 4 &&
+    /* One new token per row (a decode step), or several in one row (a prefill chunk, a
+       speculative check): several rows of several tokens mean padding to ONNX Runtime. */
+    fast = query.rank == 3 && query.dims[1] >= 1 && (query.dims[1] == 1 || query.dims[0] == 1) &&
+           query.elem == ELEM_FLOAT && past_key.rank == 4 &&
            past_key.elem == ELEM_FLOAT && past_value.rank == 4 && seqlens.rank == 1 &&
            seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
            past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
@@ -540,7 +620,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
   if (!fast) return run_fallback(k, context, inputs);
-  const int64_t B = query.dims[0], H = k->num_heads, KVH = k->kv_num_heads, D = past_key.dims[3];
+  const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
+  const int64_t D = past_key.dims[3], R = B * S;
   const int64_t cap = past_key.dims[2];
   const int packed = inputs[1] == NULL;
   const int64_t width = packed ? (H + 2 * KVH) * D : H * D;
@@ -552,7 +633,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       TRY(describe(inputs[1], &key));
       TRY(describe(inputs[2], &value));
       shapes_ok = key.elem == ELEM_FLOAT && value.elem == ELEM_FLOAT && key.rank == 3 && value.rank == 3 &&
-                  key.dims[0] == B && value.dims[0] == B && key.dims[1] == 1 && value.dims[1] == 1 &&
+                  key.dims[0] == B && value.dims[0] == B && key.dims[1] == S && value.dims[1] == S &&
                   key.dims[2] == KVH * D && value.dims[2] == KVH * D;
     }
   }
@@ -562,12 +643,13 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     shapes_ok = cos_cache.rank == 2 && cos_cache.elem == ELEM_FLOAT && sin_cache.elem == ELEM_FLOAT &&
                 cos_cache.dims[1] * 2 <= D && memcmp(cos_cache.dims, sin_cache.dims, 2 * sizeof(int64_t)) == 0;
   }
+  /* seqlens_k: each row's total length - 1; the S new tokens follow its past. */
   const int32_t* lengths = (const int32_t*)seqlens.data;
   for (int64_t b = 0; b < B && shapes_ok; ++b)
-    shapes_ok = lengths[b] >= 0 && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
+    shapes_ok = lengths[b] + 1 >= S && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
 
   /* The outputs: the present caches must be the past ones (shared buffers). */
-  const int64_t out_dims[3] = {B, 1, H * D};
+  const int64_t out_dims[3] = {B, S, H * D};
   if (shapes_ok) {
     TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
     TRY(API(KernelContext_GetOutput)(context, 1, past_key.dims, 4, &outputs[1]));
@@ -587,23 +669,28 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
-  float* q = (float*)malloc((size_t)(B * H * D) * sizeof(float));
-  float* partial = (float*)malloc((size_t)(B * H * chunks * (D + 2)) * sizeof(float));
-  if (q == NULL || partial == NULL) {
+  const int row_tasks = ((R + ROW_BLOCK - 1) / ROW_BLOCK) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
+  float* q = (float*)malloc((size_t)(R * H * D) * sizeof(float));
+  int32_t* totals = (int32_t*)malloc((size_t)R * sizeof(int32_t));
+  float* partial = row_tasks ? NULL : (float*)malloc((size_t)(R * H * chunks * (D + 2)) * sizeof(float));
+  if (q == NULL || totals == NULL || (!row_tasks && partial == NULL)) {
     free(q);
+    free(totals);
     free(partial);
     return API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
   }
   const int64_t half = cos_cache.dims[1];
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t pos = lengths[b];
-    const float* row = query.data + b * width;
-    const float* kin = packed ? row + H * D : key.data + b * KVH * D;
-    const float* vin = packed ? row + (H + KVH) * D : value.data + b * KVH * D;
+  /* Every new key and value goes into the cache first: a row attends to those before it. */
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t b = r / S, pos = lengths[b] + 1 - S + r % S;
+    totals[r] = (int32_t)(pos + 1);
+    const float* row = query.data + r * width;
+    const float* kin = packed ? row + H * D : key.data + r * KVH * D;
+    const float* vin = packed ? row + (H + KVH) * D : value.data + r * KVH * D;
     const float* c = k->do_rotary ? cos_cache.data + pos * half : NULL;
     const float* s = k->do_rotary ? sin_cache.data + pos * half : NULL;
     for (int64_t h = 0; h < H; ++h) {
-      float* qh = q + (b * H + h) * D;
+      float* qh = q + (r * H + h) * D;
       memcpy(qh, row + h * D, (size_t)D * sizeof(float));
       if (k->do_rotary) rotate(qh, c, s, 2 * half, (int)k->rotary_interleaved);
       for (int64_t d = 0; d < D; ++d) qh[d] *= scale;
@@ -615,31 +702,21 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       memcpy(present_v + ((b * KVH + g) * cap + pos) * D, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  Step step = {B, H, KVH, G, D, cap, chunks, lengths, q, present_k, present_v, partial};
-  OrtStatus* status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(B * KVH * chunks), 0, &step);
-  if (status == NULL) {
-    /* Combine each head's chunks: rescale to the largest maximum, then normalise. */
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        const float* parts = partial + (b * H + h) * chunks * (D + 2);
-        float m = -INFINITY;
-        for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
-        float* o = out + (b * H + h) * D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        float sum = 0.0f;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const float* part = parts + c * (D + 2);
-          if (part[D + 1] == 0.0f) continue;
-          const float w = expf(part[D] - m);
-          sum += w * part[D + 1];
-          for (int64_t d = 0; d < D; ++d) o[d] += w * part[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-      }
-    }
+  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0};
+  OrtStatus* status;
+  if (row_tasks) {
+    const int64_t blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
+    status = API(KernelContext_ParallelFor)(context, attend_rows, (size_t)(blocks * KVH), 0, &step);
+    if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
+  } else {
+    status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(R * KVH * chunks), 0, &step);
+    if (status == NULL)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t h = 0; h < H; ++h)
+          combine(partial + (r * H + h) * chunks * (D + 2), chunks, D, out + (r * H + h) * D);
   }
   free(q);
+  free(totals);
   free(partial);
   return status;
 }
