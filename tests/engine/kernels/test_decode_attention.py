@@ -213,16 +213,20 @@ def test_large_scores_do_not_overflow_the_softmax():
     _compare(case, [600], new=1)
 
 
-def test_the_portable_loops_match_too(tmp_path):
-    """Where the CPU lacks AVX2 and FMA the dot products run in plain C loops: the decode
-    cases again, in a process told to take them (the choice is made once per process)."""
-    if os.environ.get(kernels.ENV) == "portable":
-        pytest.skip("this process is the portable run")
+@pytest.mark.parametrize("paths", ["portable", "avx2"])
+def test_the_other_paths_match_too(tmp_path, paths):
+    """Where the CPU lacks AVX-512 the dot products run in AVX2, where it lacks AVX2 and
+    FMA in plain C loops: the cases again, in a process told to take them (the choice is
+    made once per process)."""
+    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+        pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
          str(tmp_path / "run"),
-         f"{__file__}::test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths"],
-        env={**os.environ, kernels.ENV: "portable"}, capture_output=True, text=True,
+         f"{__file__}::test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths",
+         f"{__file__}::test_a_prefill_chunk_matches_onnx_runtime",
+         f"{__file__}::test_a_token_gets_the_same_bits_alone_or_among_others"],
+        env={**os.environ, kernels.ENV: paths}, capture_output=True, text=True,
         timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert "9 passed" in done.stdout
