@@ -1,6 +1,7 @@
 """Attention alone: the engine's kernel (engine/kernels) against ONNX Runtime's.
 
-One decode step's attention (or, with ``--new N``, a prefill chunk of N tokens) for every layer of the built-in model's shape (30 layers,
+One decode step's attention (or, with ``--new N``, a prefill chunk of N tokens) for every
+layer of the built-in model's shape (30 layers,
 9 query heads over 3 KV heads of 64, RoPE in the node, fp32 cache shared by past and
 present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
@@ -147,8 +148,9 @@ def main() -> int:
                                 str(args.steps), "--new", str(args.new), "--worker", arm, str(n))
             runs.append({**result, "round": rnd, "loadavg": os.getloadavg()})
             print(f"round {rnd} {arm} {n}: {result['step_ms']:.2f} ms", flush=True)
-    print(f"\n{args.new} new token(s) a run\n\n| cache length | ms per run (30 layers) ort / ours / "
-          "ours-avx2 / ours-portable | GB/s of cache read, ours | ort / ours | ours-portable / ours |")
+    print(f"\n{args.new} new token(s) a run\n\n| cache length | ms per run (30 layers) ort / "
+          "ours / ours-avx2 / ours-portable | GB/s of cache read, ours | ort / ours | "
+          "ours-portable / ours |")
     print("|---|---|---|---|---|")
     summary: dict[str, Any] = {}
     for n in lens:
