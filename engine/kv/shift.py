@@ -163,7 +163,10 @@ def make_shifter(model: ModelDir, spec: IOSpec, context: int,
         return None, RotaryFinding(None, "off (cache_reuse is 0)")
     if not spec.kv_pairs:
         return None, RotaryFinding(None, "the graph keeps no KV")
-    head_dim = min(p.head_dim for p in spec.kv_pairs if p.kind == "key")
+    key_dims = [p.head_dim for p in spec.kv_pairs if p.kind == "key"]
+    if not key_dims or len(key_dims) == len(spec.kv_pairs):
+        return None, RotaryFinding(None, "the graph's KV inputs do not tell keys from values")
+    head_dim = min(key_dims)
     found = key_rotation(model.model_file, model.path / "config.json", context, head_dim)
     if found.rotation is None:
         return None, found

@@ -219,3 +219,12 @@ def test_bad_cache_reuse_is_refused_with_the_fix():
     with pytest.raises(Exception, match="cache_reuse"):
         EngineConfig(cache_reuse=-1)
 
+
+
+def test_declared_kv_pairs_named_past_key_values_are_told_apart(static_model_dir):
+    """(`past_key_values.0.key` holds "value": it was read as a value, so no key was known
+    to rotate.)"""
+    engine = Engine.load(static_model_dir, EngineConfig(intra_op_threads=1))
+    kinds = [(p.input.rsplit(".", 1)[-1], p.kind) for p in engine.spec.kv_pairs]
+    assert kinds and all(name == kind for name, kind in kinds)
+    assert engine.describe()["kv_shift"]["shift"] is False  # no tables, no config.json
