@@ -22,6 +22,7 @@ after the common prefix recomputed).
   tokens that moved): tokens that agree and the first that differs.
 
     .venv/bin/python -m bench.shift_reuse [--threads 2] [--answer-tokens 32]
+    .venv/bin/python -m bench.shift_reuse --forge   # agreement cases only
 
 Writes bench/out/shift_reuse.json.
 """
@@ -191,6 +192,59 @@ def agreement(tok: Any, a: str, b: str) -> dict[str, Any]:
             "shift": tok.decode(ta[same:same + 8]), "recompute": tok.decode(tb[same:same + 8])}
 
 
+def forge_agreement(tokens: int = 24) -> dict[str, Any]:
+    """Greedy agreement, shifted against recomputed: on forged models (random weights) of
+    one, two and four layers (700 tokens, then the first 4 kept, the next 300 left out, 20
+    new), and on the built-in model (sources of this repository)."""
+    import tempfile
+
+    import numpy as np
+
+    from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
+    from tests.forge import ForgeSpec, write_genai_model
+
+    doc = [int(i) for i in np.random.default_rng(1).integers(9, 500, 900)]
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=tokens)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench-forge-") as tmp:
+        for layers in (1, 2, 4):
+            folder = write_genai_model(Path(tmp) / f"l{layers}",
+                                       ForgeSpec(layers=layers, context=1024))
+            rows = []
+            for seed in range(5):
+                order = np.random.default_rng(seed).permutation(doc).tolist()
+                first, second = order[:700], order[:4] + order[304:720]
+                warm = Engine.load(folder, EngineConfig(intra_op_threads=1))
+                warm.generate(GenerateRequest(token_ids=tuple(first), options=opts))
+                a = warm.generate(GenerateRequest(token_ids=tuple(second), options=opts))
+                cold = Engine.load(folder, EngineConfig(intra_op_threads=1, cache_reuse=0))
+                b = cold.generate(GenerateRequest(token_ids=tuple(second), options=opts))
+                rows.append(next((i for i, (x, y) in enumerate(
+                    zip(a.token_ids, b.token_ids, strict=True)) if x != y), tokens))
+            out[f"forged, {layers} layer(s)"] = {"tokens_agree_per_case": rows, "of": tokens}
+    # the built-in model: five pieces of this repository's sources, 1,200 tokens after a
+    # 30-token header; then the header, the piece without its first 300 tokens, 20 new
+    tok = _tokenizer()
+    ids = tok.encode(source_file(), parse_special=False)
+    header = tok.encode(SYSTEM, parse_special=False)[:30]
+    rows = []
+    warm = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    cold = Engine.load(MODEL, EngineConfig(intra_op_threads=2, cache_reuse=0,
+                                           prefix_cache=False))
+    for case in range(5):
+        at = 20000 + 15000 * case
+        first = header + ids[at:at + 1200]
+        second = header + ids[at + 300:at + 1220]
+        warm.generate(GenerateRequest(token_ids=tuple(first), options=opts))
+        a = warm.generate(GenerateRequest(token_ids=tuple(second), options=opts))
+        assert a.prefix_cache_hit_len >= len(header) + 900, a.prefix_cache_hit_len
+        b = cold.generate(GenerateRequest(token_ids=tuple(second), options=opts))
+        rows.append(next((i for i, (x, y) in enumerate(
+            zip(a.token_ids, b.token_ids, strict=True)) if x != y), tokens))
+    out["built-in model"] = {"tokens_agree_per_case": rows, "of": tokens}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -203,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-tokens", type=int, default=6000)
     parser.add_argument("--move-lines", type=int, default=40)
     parser.add_argument("--arms", default="shift,off")
+    parser.add_argument("--forge", action="store_true",
+                        help="only the greedy agreement cases (forged and built-in models)")
     args = parser.parse_args(argv)
+    if args.forge:
+        print(json.dumps(forge_agreement(), indent=1))
+        return 0
     tok = _tokenizer()
     results = {arm: run_arm(arm, args.threads, args) for arm in args.arms.split(",")}
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -66,6 +66,8 @@ def match_runs(cached: Sequence[int], prompt: Sequence[int], *, prefix: int, lim
     """The segments of `prompt[:limit]` after its common `prefix` with `cached`: runs of at
     least `min_run` tokens found in `cached`, in order (a later run never comes from before
     an earlier one), and the gaps between them. Nothing after the last run."""
+    if limit - prefix < min_run:
+        return []  # no room for a run after the prefix
     k = max(1, min(ANCHOR, min_run))
     index: dict[tuple[int, ...], list[int]] = {}
     for s in range(prefix, len(cached) - k + 1):

@@ -228,3 +228,23 @@ def test_declared_kv_pairs_named_past_key_values_are_told_apart(static_model_dir
     kinds = [(p.input.rsplit(".", 1)[-1], p.kind) for p in engine.spec.kv_pairs]
     assert kinds and all(name == kind for name, kind in kinds)
     assert engine.describe()["kv_shift"]["shift"] is False  # no tables, no config.json
+
+
+def test_a_sessions_set_aside_kv_is_shifted_then_released(one_layer):
+    """The session path: the KV past the common prefix is kept aside for one turn, shifted
+    into the new prompt even when the runner went on to other work, then let go."""
+    engine = Engine.load(one_layer, EngineConfig(intra_op_threads=1, kv_page_size=16))
+    session = engine.sessions.get(engine.create_session())
+    engine.generate_in_session(session.id, GenerateRequest(token_ids=tuple(DOC[:700]),
+                                                          options=_opts()))
+    _run(engine, DOC[720:740])  # another request takes the runner
+    engine.sessions.set_aside(session, 4)  # what a chat turn does with the oldest part gone
+    assert session.aside is not None and session.tokens == DOC[:4]
+    result = engine.generate_in_session(session.id, GenerateRequest(
+        token_ids=tuple(DOC[304:720]), options=_opts()))
+    assert result.prefix_cache_hit_len == 4 + 396
+    assert session.aside is None
+    engine.close_session(session.id)
+    assert engine.prefix_cache is not None
+    engine.prefix_cache.evict(engine.pool.allocated_pages)
+    assert engine.pool.allocated_pages == 0  # no page kept by a forgotten reference
