@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +31,12 @@ def _opts(n: int = 12) -> GenerateOptions:
 
 def _run(engine: Engine, ids: list[int], n: int = 12):
     return engine.generate(GenerateRequest(token_ids=tuple(ids), options=_opts(n)))
+
+
+def _shift_info(engine: Engine) -> dict[str, Any]:
+    described = engine.describe()["kv_shift"]
+    assert isinstance(described, dict)
+    return described
 
 
 def _cold(folder: Path) -> Engine:
@@ -192,7 +199,7 @@ def test_a_deeper_model_reuses_the_same_runs(deep):
 
 def test_cache_reuse_0_turns_shifting_off(one_layer):
     warm = Engine.load(one_layer, EngineConfig(intra_op_threads=1, cache_reuse=0))
-    assert warm.describe()["kv_shift"]["shift"] is False
+    assert _shift_info(warm)["shift"] is False
     _run(warm, DOC[:700])
     result = _run(warm, DOC[:4] + DOC[304:720])
     assert result.prefix_cache_hit_len == 4
@@ -209,7 +216,7 @@ def test_shifting_is_refused_where_the_rotation_cannot_be_derived(tmp_path, conf
     declared.update(config)
     path.write_text(json.dumps(declared))
     warm = Engine.load(folder, EngineConfig(intra_op_threads=1, cache_reuse=MIN_RUN))
-    described = warm.describe()["kv_shift"]
+    described = _shift_info(warm)
     assert described["shift"] is False and described["reason"]
     _run(warm, DOC[:700])
     assert _run(warm, DOC[:4] + DOC[304:720]).prefix_cache_hit_len == 4  # recomputed
@@ -227,7 +234,7 @@ def test_declared_kv_pairs_named_past_key_values_are_told_apart(static_model_dir
     engine = Engine.load(static_model_dir, EngineConfig(intra_op_threads=1))
     kinds = [(p.input.rsplit(".", 1)[-1], p.kind) for p in engine.spec.kv_pairs]
     assert kinds and all(name == kind for name, kind in kinds)
-    assert engine.describe()["kv_shift"]["shift"] is False  # no tables, no config.json
+    assert _shift_info(engine)["shift"] is False  # no tables, no config.json
 
 
 def test_a_sessions_set_aside_kv_is_shifted_then_released(one_layer):
