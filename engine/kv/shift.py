@@ -94,6 +94,23 @@ def match_runs(cached: Sequence[int], prompt: Sequence[int], *, prefix: int, lim
     return segments
 
 
+def probe_hits(cached: Sequence[int], prompt: Sequence[int], probes: int = 3) -> int:
+    """How many of `probes` spans of `prompt` (ANCHOR tokens at its quarters) occur in
+    `cached`: a cheap sign that a runner holds runs of the prompt at other positions."""
+    if len(prompt) < 2 * ANCHOR or not cached:
+        return 0
+    hay = np.asarray(cached, dtype=np.int64).tobytes()
+    hits = 0
+    for k in range(1, probes + 1):
+        at = len(prompt) * k // (probes + 1)
+        needle = np.asarray(prompt[at:at + ANCHOR], dtype=np.int64).tobytes()
+        found = hay.find(needle)
+        while found >= 0 and found % 8:  # a match across two ids' bytes is not one
+            found = hay.find(needle, found + 1)
+        hits += found >= 0
+    return hits
+
+
 @dataclass
 class ShiftPlan:
     """Runs chosen for a prompt, their KV already copied and moved to the new positions."""

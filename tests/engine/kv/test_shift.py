@@ -255,3 +255,17 @@ def test_a_sessions_set_aside_kv_is_shifted_then_released(one_layer):
     assert engine.prefix_cache is not None
     engine.prefix_cache.evict(engine.pool.allocated_pages)
     assert engine.pool.allocated_pages == 0  # no page kept by a forgotten reference
+
+
+def test_the_scheduler_picks_the_runner_holding_a_moved_window(one_layer):
+    engine = Engine.load(one_layer, EngineConfig(intra_op_threads=1))
+    assert engine.add_runner() is not None
+    window, chunk = 600, 128
+    for runner, ids in zip(engine.runners, ([5, 6, 7, 8] * 20, DOC[:window]), strict=True):
+        runner.reserve(len(ids))
+        runner.forward(np.array(ids, dtype=np.int64))  # runner 1 holds the old window
+    moved = DOC[chunk:chunk + window]
+    request = GenerateRequest(token_ids=tuple(moved), options=_opts())
+    *_, last = engine.scheduler.stream(request)
+    assert last.result is not None
+    assert last.result.prefix_cache_hit_len == window - chunk
