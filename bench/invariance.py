@@ -114,13 +114,13 @@ def compare(want: list[Answer], got: list[Answer]) -> str:
     """'identical', or the earliest 'token N' / 'logprob N' over the prompts."""
     first_token = first_logprob = None
     for (wt, wl), (gt, gl) in zip(want, got, strict=True):
-        for n, (a, b) in enumerate(zip(wt, gt, strict=False)):
-            if a != b:
+        for n, (ta, tb) in enumerate(zip(wt, gt, strict=False)):
+            if ta != tb:
                 first_token = n if first_token is None else min(first_token, n)
                 break
         else:
-            for n, (a, b) in enumerate(zip(wl, gl, strict=False)):
-                if a != b:
+            for n, (la, lb) in enumerate(zip(wl, gl, strict=False)):
+                if la != lb:
                     first_logprob = n if first_logprob is None else min(first_logprob, n)
                     break
     if first_token is not None:
