@@ -11,9 +11,10 @@ engine, the prompt prefilled whole, no speculation):
 - ``lookup``: prompt-lookup speculation (drafts checked in one multi-token run);
 - ``draft``: draft-model speculation, the model as its own draft.
 
-A cell says ``identical`` (tokens and log-probabilities, bit for bit), ``token N`` (the
-first generated token that differs), or ``logprob N`` (same tokens, the first log-probability
-whose bits differ). Prompts are this repository's own text (held out of any training set).
+A cell says ``identical`` (tokens and log-probabilities, bit for bit; tokens only for the
+speculative paths, which run only where a step is asked for nothing but its argmax),
+``token N`` (the first generated token that differs), or ``logprob N`` (same tokens, the
+first log-probability whose bits differ). Prompts are this repository's own text (held out of any training set).
 
     .venv/bin/python -m bench.invariance --model builtin=resources/models/smollm2-135m-instruct \\
         [--model NAME=DIR ...] [--paths repeat,batch4,...] [--new 48]
@@ -47,11 +48,19 @@ def _prompts() -> list[str]:
 
 
 def _request(prompt: str, new: int, mode: str = "none") -> Any:
+    """Greedy, `new` tokens; log-probabilities kept, except with speculation (which runs
+    only where nothing but the argmax is asked of a step)."""
     from engine import GenerateOptions, GenerateRequest
 
     return GenerateRequest(prompt=prompt, options=GenerateOptions(
-        max_new_tokens=new, temperature=0.0, stop_on_eos=False, top_logprobs=1,
-        speculative_mode=mode))
+        max_new_tokens=new, temperature=0.0, stop_on_eos=False,
+        top_logprobs=None if mode != "none" else 1, speculative_mode=mode))
+
+
+def _speculated(result: Any) -> Answer:
+    stats = result.speculation
+    assert stats is not None and stats.proposed > 0, "speculation did not run"
+    return tuple(result.token_ids), ()
 
 
 def _answer(result: Any) -> Answer:
@@ -102,10 +111,10 @@ def run_path(path: str, folder: Path, prompts: list[str], new: int) -> list[Answ
         return [_answer(_engine(folder, prefill_chunk_size=size).generate(_request(p, new)))
                 for p in prompts]
     if path == "lookup":
-        return [_answer(_engine(folder).generate(_request(p, new, "prompt_lookup")))
+        return [_speculated(_engine(folder).generate(_request(p, new, "prompt_lookup")))
                 for p in prompts]
     if path == "draft":
-        return [_answer(_engine(folder, draft_model=str(folder)).generate(
+        return [_speculated(_engine(folder, draft_model=str(folder)).generate(
             _request(p, new, "draft_model"))) for p in prompts]
     raise ValueError(f"unknown path {path!r}")
 
