@@ -175,13 +175,13 @@ class Probe:
         folder = model or default_model_dir()
         self.name = folder.name if folder else ""
         self.engine = Engine.load(folder, EngineConfig(provider="cpu")) if folder else None
-        self.read, self.layers = 0, 1
+        self.read, self.layers, self.rotary = 0, 1, 0
         if self.engine is not None:
             self.engine.wait_huge_pages(timeout=30)  # the steady state: weights on huge pages
             spec = self.engine.spec
             context = self.engine.model.context_length  # the tables cover all of it
-            self.read = (self.engine.model.weights_bytes
-                         - rotary_bytes(spec.kv_pairs[0].head_dim, context)
+            self.rotary = rotary_bytes(spec.kv_pairs[0].head_dim, context)
+            self.read = (self.engine.model.weights_bytes - self.rotary
                          + spec.kv_bytes_per_token * _DECODE_TOKENS)
             self.layers = max(1, len(spec.kv_pairs) // 2)
         _huge_pages()

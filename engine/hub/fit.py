@@ -89,8 +89,9 @@ class Fit:
         if self.kv_tokens is not None and self.label != TOO_BIG:
             parts.append(f"room for {self.kv_tokens} tokens of KV")
         if self.tokens_per_second:
-            parts.append(f"decode about {self.tokens_per_second:.1f} tokens/s here (what a "
-                         "step reads per second on this machine over the bytes it reads)")
+            parts.append(f"decode about {self.tokens_per_second:.1f} tokens/s here (a "
+                         "step's layers and the bytes it reads, at the rates measured on this "
+                         "machine)")
         text = "; ".join(parts)
         return f"{text}. {self.refusal}" if self.refusal else text
 
