@@ -1,15 +1,19 @@
-"""Decode attention alone: the engine's kernel (engine/kernels) against ONNX Runtime's.
+"""Attention alone: the engine's kernel (engine/kernels) against ONNX Runtime's.
 
-One decode step's attention for every layer of the built-in model's shape (30 layers,
+One decode step's attention (or, with ``--new N``, a prefill chunk of N tokens) for every
+layer of the built-in model's shape (30 layers,
 9 query heads over 3 KV heads of 64, RoPE in the node, fp32 cache shared by past and
 present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
-``ours-portable``: its plain C loops instead of AVX2), at several cache lengths. Every arm
+``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512), at
+several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
+512 tokens after 1,500). Every arm
 and length runs in a fresh process, order rotated each round; the best of the rounds
 counts. Reports ms per step (30 layers), the cache bytes read per ms (each position's key
 and value once per KV head), and the ratios.
 
     .venv/bin/python -m bench.attention [--lens 512,2000,4000,8000] [--rounds 5] [--threads 2]
+                                        [--new 1]
 
 Writes bench/out/attention.json.
 """
@@ -31,17 +35,17 @@ if str(REPO) not in sys.path:
 from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-ARMS = ("ort", "ours", "ours-portable")
+ARMS = ("ort", "ours", "ours-avx2", "ours-portable")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
-def _graph(domain: str, capacity: int) -> bytes:
+def _graph(domain: str, capacity: int, new: int) -> bytes:
     from onnx import TensorProto, helper
 
     from engine.model.graph_passes import KERNEL_DOMAIN
 
     width = (HEADS + 2 * KV_HEADS) * HEAD
-    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, 1, width]),
+    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, new, width]),
               helper.make_tensor_value_info("seqlens", TensorProto.INT32, [1]),
               helper.make_tensor_value_info("total", TensorProto.INT32, []),
               helper.make_tensor_value_info("cos", TensorProto.FLOAT, [capacity, HEAD // 2]),
@@ -57,7 +61,7 @@ def _graph(domain: str, capacity: int) -> bytes:
         inputs += [helper.make_tensor_value_info(f"p{kv}{i}", TensorProto.FLOAT, cache)
                    for kv in "kv"]
         outputs += [helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT,
-                                                  [1, 1, HEADS * HEAD])]
+                                                  [1, new, HEADS * HEAD])]
         outputs += [helper.make_tensor_value_info(f"{kv}{i}", TensorProto.FLOAT, cache)
                     for kv in "kv"]
     model = helper.make_model(
@@ -68,7 +72,7 @@ def _graph(domain: str, capacity: int) -> bytes:
     return bytes(model.SerializeToString())
 
 
-def worker(arm: str, length: int, threads: int, steps: int) -> dict[str, Any]:
+def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[str, Any]:
     import numpy as np
     import onnxruntime as ort
 
@@ -86,7 +90,7 @@ def worker(arm: str, length: int, threads: int, steps: int) -> dict[str, Any]:
     if library is not None:
         options.register_custom_ops_library(str(library))
     session = ort.InferenceSession(
-        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity), options,
+        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new), options,
         providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     binding = session.io_binding()
@@ -102,7 +106,7 @@ def worker(arm: str, length: int, threads: int, steps: int) -> dict[str, Any]:
     binding.bind_cpu_input("cos", np.cos(angles).astype(np.float32))
     binding.bind_cpu_input("sin", np.sin(angles).astype(np.float32))
     binding.bind_cpu_input("qkv", rng.standard_normal(
-        (1, 1, (HEADS + 2 * KV_HEADS) * HEAD), dtype=np.float32))
+        (1, new, (HEADS + 2 * KV_HEADS) * HEAD), dtype=np.float32))
     binding.bind_cpu_input("seqlens", np.array([length - 1], np.int32))
     binding.bind_cpu_input("total", np.array(length, np.int32))
     for _ in range(5):
@@ -115,7 +119,7 @@ def worker(arm: str, length: int, threads: int, steps: int) -> dict[str, Any]:
     times.sort()
     ms = times[len(times) // 2] * 1e3
     read = LAYERS * 2 * KV_HEADS * length * HEAD * 4  # bytes of cache a step reads
-    return {"arm": arm, "length": length, "step_ms": ms, "best_ms": times[0] * 1e3,
+    return {"arm": arm, "length": length, "new": new, "step_ms": ms, "best_ms": times[0] * 1e3,
             "gb_s": read / ms / 1e6}
 
 
@@ -125,13 +129,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--new", type=int, default=1, help="new tokens per run (1: a decode step)")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
-        if arm == "ours-portable":
-            os.environ["ONNX_GENAI_KERNELS"] = "portable"  # read by the library at load
-        print(json.dumps(worker(arm, length, args.threads, args.steps)), flush=True)
+        if arm in ("ours-portable", "ours-avx2"):  # read by the library at load
+            os.environ["ONNX_GENAI_KERNELS"] = arm.removeprefix("ours-")
+        print(json.dumps(worker(arm, length, args.threads, args.steps, args.new)), flush=True)
         return 0
     lens = [int(n) for n in args.lens.split(",") if n]
     jobs = [(a, n) for n in lens for a in ARMS]
@@ -140,11 +145,12 @@ def main() -> int:
         shift = (rnd * 5) % len(jobs)
         for arm, n in jobs[shift:] + jobs[:shift]:
             result = run_worker("bench.attention", "--threads", str(args.threads), "--steps",
-                                str(args.steps), "--worker", arm, str(n))
+                                str(args.steps), "--new", str(args.new), "--worker", arm, str(n))
             runs.append({**result, "round": rnd, "loadavg": os.getloadavg()})
             print(f"round {rnd} {arm} {n}: {result['step_ms']:.2f} ms", flush=True)
-    print("\n| cache length | ms per step (30 layers) ort / ours / ours-portable | "
-          "GB/s of cache read, ours | ort / ours | ours-portable / ours |")
+    print(f"\n{args.new} new token(s) a run\n\n| cache length | ms per run (30 layers) ort / "
+          "ours / ours-avx2 / ours-portable | GB/s of cache read, ours | ort / ours | "
+          "ours-portable / ours |")
     print("|---|---|---|---|---|")
     summary: dict[str, Any] = {}
     for n in lens:
@@ -153,12 +159,15 @@ def main() -> int:
         gb_s = max(r["gb_s"] for r in runs if r["arm"] == "ours" and r["length"] == n)
         summary[str(n)] = {**best, "ours_gb_s": gb_s, "ort/ours": best["ort"] / best["ours"],
                            "portable/ours": best["ours-portable"] / best["ours"]}
-        print(f"| {n} | {best['ort']:.2f} / {best['ours']:.2f} / {best['ours-portable']:.2f} "
+        print(f"| {n} | {best['ort']:.2f} / {best['ours']:.2f} / {best['ours-avx2']:.2f} / "
+              f"{best['ours-portable']:.2f} "
               f"| {gb_s:.1f} | {best['ort'] / best['ours']:.2f} | "
               f"{best['ours-portable'] / best['ours']:.2f} |")
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "attention.json").write_text(json.dumps(
-        {"summary": summary, "runs": runs, "rounds": args.rounds, "threads": args.threads},
+    name = "attention.json" if args.new == 1 else f"attention-new{args.new}.json"
+    (OUT / name).write_text(json.dumps(
+        {"summary": summary, "runs": runs, "rounds": args.rounds, "threads": args.threads,
+         "new": args.new},
         indent=1))
     return 0
 

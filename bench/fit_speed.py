@@ -7,11 +7,11 @@ engine then does, for model folders given on the command line.
 
 Each folder: its weights (the files), its KV shape (``inspect``), the expected tokens/s, and
 the best decode tokens/s of three greedy 128-token generations (the best: the machine
-is shared) (threads: the engine's
-default). Quantized models (int4) get the share of the bandwidth measured on the built-in
-model, so the built-in model's own row checks only that this share is stable; the forged
-fp32 models check the bandwidth itself. ``--forged`` adds two fp32 decoders forged in
-code (tests/forge) of other shapes: 8 layers of 512 and 4 layers of 1024.
+is shared) (threads: the engine's default). The per-layer cost is measured on the built-in
+model, so its own row checks only that the figures are stable; the forged fp32 models
+check the fp32 rate, the exports of ``python -m bench.catalog_table`` the int4 one.
+``--forged`` adds two fp32 decoders forged in code (tests/forge) of other shapes: 8 layers
+of 512 and 4 layers of 1024.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
-from engine.hub.bandwidth import ReadSpeed, measure, measure_quantized_efficiency
+from engine.hub.bandwidth import measure_speed
 from engine.hub.fit import assess
 from engine.hub.remote import ModelShape
 from engine.runtime.describe import inspect_model
@@ -45,12 +45,11 @@ def main() -> None:
                              heads=8, kv_heads=2, vocab=8192)
             folders.append(str(write_genai_model(root / f"forged-{hidden}x{layers}", spec,
                                                  tokenizer_vocab=512)))
-    bandwidth = measure()
-    share = measure_quantized_efficiency(bandwidth)
-    speed = ReadSpeed(bandwidth, share[0] if share else 1.0)
-    print(f"{time.strftime('%Y-%m-%d')}  read bandwidth {bandwidth / 1e9:.2f} GB/s (fp32 "
-          f"matrix-vector products, the engine's threads); quantized share "
-          f"{speed.quantized_efficiency:.2f} (measured on {share[1] if share else 'nothing'})")
+    speed, name = measure_speed()
+    print(f"{time.strftime('%Y-%m-%d')}  read rate {speed.bytes_per_second / 1e9:.2f} GB/s fp32, "
+          f"{(speed.int4_bytes_per_second or 0) / 1e9:.2f} GB/s int4 (matrix-vector products, "
+          f"the engine's threads); {speed.layer_seconds * 1e6:.0f} us per layer (measured "
+          f"on {name or 'nothing'})")
     print(f"{'model':40} {'weights':>10} {'quant':>6} {'expected':>9} {'measured':>9} "
           f"{'ratio':>6}")
     for folder in folders:

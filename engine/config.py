@@ -203,6 +203,10 @@ class EngineConfig:
     kv_grow_tokens: int = 64
     #: Reuse the KV of earlier prompts (live slot, prefix cache, sessions).
     prefix_cache: bool = True
+    #: Reuse by shifting (engine.kv.shift): runs of at least this many cached tokens found
+    #: at other positions of a new prompt keep their KV, keys re-rotated; 0 = off (every
+    #: token after the common prefix is recomputed: answers exactly as without a cache).
+    cache_reuse: int = 256
     #: Tokens per KV page (the granularity of prefix reuse).
     kv_page_size: int = 32
     #: Bytes the page pool (prefix cache + sessions' KV) may hold.
@@ -256,6 +260,8 @@ class EngineConfig:
         _check_int("prefill_chunk_size", self.prefill_chunk_size, minimum=1,
                    hint="e.g. 512")
         _check_int("kv_page_size", self.kv_page_size, minimum=1, hint="e.g. 32")
+        _check_int("cache_reuse", self.cache_reuse, minimum=0,
+                   hint="e.g. 256 (tokens), or 0 to turn reuse by shifting off")
         _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
         parse_limit(self.vram_limit, field="vram_limit")
         parse_limit(self.host_ram_limit, field="host_ram_limit")

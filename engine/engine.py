@@ -34,6 +34,7 @@ from engine.kv.cache import (
 )
 from engine.kv.reuse import KVReuse
 from engine.kv.sessions import Session, SessionStore
+from engine.kv.shift import make_shifter
 from engine.kv.tiers import KVTiers, model_identity
 from engine.loading import open_model
 from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
@@ -132,7 +133,10 @@ class Engine:
             self.kv_tiers = KVTiers(config.kv_store,
                                     model_identity(model, session_info.provider, kv_dtype),
                                     on_gpu=session_info.provider in ("cuda", "directml"))
-        self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers)
+        shifter, self.kv_shift = make_shifter(model, spec, self.context_length,
+                                              config.cache_reuse if reuse else 0)
+        self.reuse = KVReuse(self.pool, self.prefix_cache, self.sessions, self.kv_tiers,
+                             shifter, config.prefill_chunk_size)
 
     @classmethod
     def load(cls, model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -301,6 +305,8 @@ class Engine:
                          cancel=cancel, started=started, reserve=total,
                          grow=functools.partial(grow_reservation, self),
                          grow_step=self.config.kv_grow_tokens)
+        run.cached -= self.reuse.computed  # gaps between shifted runs were computed
+        run.clock.prefill_tokens += self.reuse.computed
         self._report_kv()  # the runner reserved its KV: the budget sees it now
         if self._huge_pages is not None:  # the collapse pauses while requests run
             self._huge_pages.begin()
@@ -417,7 +423,9 @@ class Engine:
                 "huge_pages": None if self.huge_pages is None else self.huge_pages.as_dict(),
                 # whether the engine's own attention kernel runs, and why not where it does not
                 "engine_kernels": None if self.kernel_use is None
-                else self.kernel_use.as_dict()}
+                else self.kernel_use.as_dict(),
+                # reuse by shifting (engine.kv.shift): on, and how the keys are rotated
+                "kv_shift": {**self.kv_shift.as_dict(), "min_run": self.config.cache_reuse}}
 
 
 def _result_of(events: Iterator[GenerateEvent]) -> GenerateResult:

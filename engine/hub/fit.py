@@ -15,11 +15,11 @@ Weights: the sizes of the repository's files (ONNX: ``.onnx`` and external data)
 is converted on download; its weights after the import are estimated from the file size
 and its quantization (:data:`IMPORT_FACTORS`).
 
-Expected decode speed: the bytes a step can read per second (measured once,
-:mod:`engine.hub.bandwidth`: the engine's fp32 matrix-vector products, times the share a
-quantized model gets, measured on the built-in model) over the bytes a step reads: the
-weights and the KV of a :data:`SPEED_CONTEXT`-token context (``python -m bench.fit_speed``
-sets it beside the measured speed).
+Expected decode speed: one over the time of a step, its layers times the per-layer cost
+plus the bytes it reads (:func:`step_bytes`: the weights but the rotary tables, and the KV
+of a :data:`SPEED_CONTEXT`-token context) over the rate the engine reads fp32 or int4
+weights here (each measured once, :mod:`engine.hub.bandwidth`; ``python -m
+bench.fit_speed`` and ``python -m bench.catalog_table`` set it beside the measured speed).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.hub.bandwidth import ReadSpeed
+from engine.hub.bandwidth import ReadSpeed, rotary_bytes
 from engine.hub.remote import ModelShape
 from engine.memory.governor import governor_for
 from engine.memory.limits import TIER_LABELS, format_bytes, parse_limit
@@ -89,8 +89,9 @@ class Fit:
         if self.kv_tokens is not None and self.label != TOO_BIG:
             parts.append(f"room for {self.kv_tokens} tokens of KV")
         if self.tokens_per_second:
-            parts.append(f"decode about {self.tokens_per_second:.1f} tokens/s here (what a "
-                         "step reads per second on this machine over the bytes it reads)")
+            parts.append(f"decode about {self.tokens_per_second:.1f} tokens/s here (a "
+                         "step's layers and the bytes it reads, at the rates measured on this "
+                         "machine)")
         text = "; ".join(parts)
         return f"{text}. {self.refusal}" if self.refusal else text
 
@@ -101,6 +102,15 @@ class Fit:
                 "tier": self.tier, "provider": self.provider, "refusal": self.refusal,
                 "tokens_per_second": self.tokens_per_second,
                 "estimated_weights": self.estimated_weights, "details": self.details()}
+
+
+def step_bytes(weights_bytes: int, shape: ModelShape, context: int) -> int:
+    """The bytes a decode step reads: the weights but the rotary tables (one row of them a
+    step; 34 MB of a 1B model with a 131,072-token context), and the KV of a
+    :data:`SPEED_CONTEXT`-token context."""
+    tables = rotary_bytes(shape.head_dim, shape.context)
+    weights = weights_bytes - tables if tables < weights_bytes // 2 else weights_bytes
+    return weights + shape.kv_bytes_per_token * min(context, SPEED_CONTEXT)
 
 
 def engine_provider(config: EngineConfig, weights_bytes: int) -> str:
@@ -116,7 +126,7 @@ def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = 
            estimated: bool = False, quantized: bool = False) -> Fit:
     """The label for a model of ``weights_bytes`` and ``shape`` under ``config``'s limits;
     ``bandwidth``: bytes/s or a :class:`ReadSpeed` (or a function measuring it) for the
-    expected speed; ``quantized``: the weights are int4/int8 (the ReadSpeed's share)."""
+    expected speed; ``quantized``: the weights are int4 (the ReadSpeed's int4 rate)."""
     config = config or EngineConfig()
     provider = provider or engine_provider(config, weights_bytes)
     context = min(shape.context, config.kv_max_len or shape.context)
@@ -134,9 +144,11 @@ def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = 
     speed = None
     if bandwidth is not None:
         measured = bandwidth() if callable(bandwidth) else bandwidth
-        bps = (measured.for_weights(quantized) if isinstance(measured, ReadSpeed)
-               else measured)
-        read = weights_bytes + per_token * min(context, SPEED_CONTEXT)
-        speed = round(bps / read, 2) if read > 0 and bps > 0 else None
+        read = step_bytes(weights_bytes, shape, context)
+        if isinstance(measured, ReadSpeed):
+            found = measured.tokens_per_second(read, shape.layers, quantized)
+            speed = round(found, 2) if found else None
+        else:
+            speed = round(measured / read, 2) if read > 0 and measured > 0 else None
     return Fit(label, weights_bytes, per_token, context, budget.kv_tokens, budget.limit_bytes,
                governor.kv_tier, provider, budget.refusal, speed, estimated)

@@ -1,6 +1,7 @@
 """Operators of the engine's own for ONNX Runtime's CPU provider, built from C at install.
 
-`decode_attention.c` is GroupQueryAttention with a decode step of its own (why, in the file).
+`decode_attention.c` is GroupQueryAttention with decode steps and prefill chunks of its own,
+a token's output the same bits on either (why and how, in the file).
 setuptools compiles it as an optional extension (setup.py) to `decode_attention.ortops`;
 ONNX Runtime loads it with `SessionOptions.register_custom_ops_library`, Python never
 imports it. Where it was not built (no C compiler at install), `library()` is None and

@@ -1,15 +1,12 @@
 /*
- * GroupQueryAttention for ONNX Runtime's CPU provider: decode steps and prefill chunks of our own.
+ * GroupQueryAttention for ONNX Runtime's CPU provider, with a decode step of our own.
  *
  * The operator `engine.kernels::GroupQueryAttention` takes the inputs, outputs and
- * attributes of `com.microsoft::GroupQueryAttention`. When a run adds tokens to a KV cache
- * that past and present share (the engine's decode steps and prefill chunks), it computes
- * the run here, each new row exactly as a decode step of one token would: a row's output is
- * the same bits whether its token came alone, in a prefill chunk of any size or after a
- * reused prefix (with engine/kernels/matmul_nbits.c, the same greedy answer). Every other
- * run (a cache that is not shared, an attribute or input this code does not handle) is
- * handed to ONNX Runtime's own kernel through `InvokeOp`, so results there are ONNX
- * Runtime's.
+ * attributes of `com.microsoft::GroupQueryAttention`. When a run adds one token per
+ * sequence to a KV cache that past and present share (the engine's decode steps), it
+ * computes the step here; every other run (a prefill, a speculative check, a cache that
+ * is not shared, an attribute or input this code does not handle) is handed to ONNX
+ * Runtime's own kernel through `InvokeOp`, so results there are ONNX Runtime's.
  *
  * Why: ONNX Runtime's CPU kernel multiplies each query head by the whole cache of its KV
  * head on its own (a GEMM per head that packs the keys first), so a cache shared by three
@@ -22,10 +19,9 @@
  *
  * The header of ONNX Runtime is not needed: the C API is a table of function pointers
  * whose order is fixed across releases (new entries are only appended), so the few this
- * file calls are named by their index below.
+ * file calls are named by their index (ort_api.h, shared with matmul_nbits.c).
  */
 #include "ort_api.h"
-
 
 /* ---- the operator's description (ONNX Runtime reads these through OrtCustomOp) --- */
 
@@ -156,13 +152,15 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
 #define MAX_HEAD 256
 
 typedef struct Step {
-  int64_t batch, heads, kv_heads, group, head_size, capacity, chunks;
-  int64_t rows, first;     /* query rows per sequence; the first row of this pass */
-  const int32_t* seqlens;  /* [batch]: each sequence's length before its last new token */
-  const float* q;          /* [batch * rows, heads, head_size], rotated and scaled */
+  int64_t rows, heads, kv_heads, group, head_size, capacity, chunks;
+  int64_t seq;             /* new tokens per batch row: row r is token r % seq of batch r / seq */
+  const int32_t* totals;   /* [rows]: the positions row r attends to, itself included */
+  const float* q;          /* [rows, heads, head_size], rotated and scaled */
   const float* keys;       /* [batch, kv_heads, capacity, head_size] */
   const float* values;
-  float* partial;          /* [pass rows, heads, chunks, head_size + 2]: acc..., max, sum */
+  float* partial;          /* chunk tasks: [rows, heads, chunks, head_size + 2]: acc..., max, sum */
+  float* out;              /* row tasks: [rows, heads, head_size] */
+  volatile int failed;     /* a row task could not get its scratch memory */
 } Step;
 
 /* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
@@ -223,10 +221,41 @@ __attribute__((target("avx2,fma"))) static void dots_avx2(const float* q, const 
   }
 }
 
+
+
+/* dots_avx2 with AVX-512: sixteen lanes per step, each key's lanes folded to eight
+   (upper half onto lower) and then summed as dots_avx2 does. */
+__attribute__((target("avx512f,avx2,fma"))) static void dots_avx512(const float* q, const float* K, int64_t n,
+                                                                   int64_t D, float* scores) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k = K + t * D;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 qd = _mm512_loadu_ps(q + d);
+      a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + d), a0);
+      a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + D + d), a1);
+      a2 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 2 * D + d), a2);
+      a3 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 3 * D + d), a3);
+    }
+#define FOLD(a) \
+  _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
+    _mm_storeu_ps(scores + t, sum4_ymm(FOLD(a0), FOLD(a1), FOLD(a2), FOLD(a3)));
+  }
+  for (; t < n; ++t) {
+    const float* k = K + t * D;
+    __m512 a0 = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
+    const __m256 f = FOLD(a0);
+#undef FOLD
+    scores[t] = _mm_cvtss_f32(sum4_ymm(f, f, f, f));
+  }
+}
 #endif
 
-/* 1: the dot products in AVX2 and FMA, 0: in portable C (set at registration from the CPU;
-   ONNX_GENAI_KERNELS=portable forces 0, for the tests). */
+/* 2: the dot products in AVX-512, 1: in AVX2 and FMA, 0: in portable C (set at
+   registration from the CPU; ONNX_GENAI_KERNELS=portable forces 0 and =avx2 at most 1,
+   for the tests). A token's attention has the same bits on every path of one machine. */
 static int g_isa;
 
 /* Sum of 16 lanes as a tree (the compiler keeps it in vector registers). */
@@ -237,86 +266,270 @@ static inline float sum16(const float* lanes) {
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-/* One task: the query heads of one KV head of one row, over one chunk of positions. The
-   chunk's keys and values (CHUNK x head_size floats each) come from memory once and stay
-   in the core's cache for the group's other query heads. Inlined with D a constant for
-   the common head sizes, so a query row and its accumulator live in registers. */
-static ALWAYS_INLINE void attend(const Step* s, size_t task, const int64_t D) {
-  const int64_t chunk = (int64_t)task % s->chunks;
-  const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
-  const int64_t local = (int64_t)task / (s->chunks * s->kv_heads); /* row within the pass */
-  const int64_t row = s->first + local, b = row / s->rows;
-  /* a row sees the positions up to its own: the last row's are the sequence's */
-  const int64_t total = (int64_t)s->seqlens[b] + 1 - (s->rows - 1 - row % s->rows);
-  const int64_t t0 = chunk * CHUNK;
-  const int64_t G = s->group;
-  float* out = s->partial + ((local * s->heads + g * G) * s->chunks + chunk) * (D + 2);
-  const int64_t stride = s->chunks * (D + 2); /* from one query head's partial to the next */
-  if (t0 >= total) { /* nothing in this chunk for this row: an empty partial */
-    for (int64_t j = 0; j < G; ++j) {
-      float* o = out + j * stride;
-      memset(o, 0, (size_t)D * sizeof(float));
-      o[D] = -INFINITY;
-      o[D + 1] = 0.0f;
-    }
+/* Most query vectors one call of attend takes (its maxima and sums on the stack). */
+#define MAX_VECTORS 256
+#define ROW_N_OUT(s, r, t0) ((int64_t)(s)->totals[r] - (t0))
+
+/* Keys per tile: a tile's keys or values (TILE x head_size floats) stay in the core's
+   first-level cache while every query vector of the block goes over them. */
+#define TILE 64
+
+/* scores[t] = q . K[t] for t < n: each key's dot product on its own (the same bits
+   whichever keys are computed with it). */
+static ALWAYS_INLINE void dots(const float* q, const float* K, int64_t n, const int64_t D, float* scores) {
+#ifdef HAVE_X86_PATHS
+  if (g_isa == 2 && D % 16 == 0) {
+    dots_avx512(q, K, n, D, scores);
     return;
   }
-  const int64_t n = (total - t0 < CHUNK) ? total - t0 : CHUNK;
-  const float* K = s->keys + ((b * s->kv_heads + g) * s->capacity + t0) * D;
-  const float* V = s->values + ((b * s->kv_heads + g) * s->capacity + t0) * D;
-  float scores[CHUNK];
-  float acc[MAX_HEAD];
-  for (int64_t j = 0; j < G; ++j) {
-    const float* q = s->q + (row * s->heads + g * G + j) * D;
-#ifdef HAVE_X86_PATHS
-    if (g_isa == 1 && D % 8 == 0)
-      dots_avx2(q, K, n, D, scores);
-    else
+  if (g_isa >= 1 && D % 8 == 0) {
+    dots_avx2(q, K, n, D, scores);
+    return;
+  }
 #endif
-      for (int64_t t = 0; t < n; ++t) {
-        const float* k = K + t * D;
-        float lanes[16] = {0};
-        int64_t d = 0;
-        for (; d + 16 <= D; d += 16)
-          for (int l = 0; l < 16; ++l) lanes[l] += q[d + l] * k[d + l];
-        float dot = sum16(lanes);
-        for (; d < D; ++d) dot += q[d] * k[d];
-        scores[t] = dot;
-      }
-    float top[16];
-    for (int l = 0; l < 16; ++l) top[l] = -INFINITY;
-    int64_t t = 0;
-    for (; t + 16 <= n; t += 16)
-      for (int l = 0; l < 16; ++l) top[l] = scores[t + l] > top[l] ? scores[t + l] : top[l];
-    float m = top[0];
-    for (int l = 1; l < 16; ++l) m = top[l] > m ? top[l] : m;
-    for (; t < n; ++t) m = scores[t] > m ? scores[t] : m;
-    for (t = 0; t < n; ++t) scores[t] = exp_neg(scores[t] - m);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* k = K + t * D;
     float lanes[16] = {0};
-    for (t = 0; t + 16 <= n; t += 16)
-      for (int l = 0; l < 16; ++l) lanes[l] += scores[t + l];
-    float sum = sum16(lanes);
-    for (; t < n; ++t) sum += scores[t];
-    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-    for (t = 0; t < n; ++t) {
-      const float p = scores[t];
-      const float* v = V + t * D;
-      for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
-    }
-    float* o = out + j * stride;
-    memcpy(o, acc, (size_t)D * sizeof(float));
-    o[D] = m;
-    o[D + 1] = sum;
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16)
+      for (int l = 0; l < 16; ++l) lanes[l] += q[d + l] * k[d + l];
+    float dot = sum16(lanes);
+    for (; d < D; ++d) dot += q[d] * k[d];
+    scores[t] = dot;
   }
 }
 
-HOT static void attend_chunk(void* data, size_t task) {
-  const Step* s = (const Step*)data;
-  switch (s->head_size) {
-    case 64: attend(s, task, 64); break;
-    case 128: attend(s, task, 128); break;
-    default: attend(s, task, s->head_size); break;
+/* acc += sum over t in [from, to) of p[t] * V[t], in order of t. */
+static ALWAYS_INLINE void weigh(const float* p, const float* V, int64_t from, int64_t to, float* acc_out,
+                                const int64_t D) {
+  if (from >= to) return;
+  float acc[MAX_HEAD];
+  memcpy(acc, acc_out, (size_t)D * sizeof(float));
+  for (int64_t t = from; t < to; ++t) {
+    const float w = p[t];
+    const float* v = V + t * D;
+    for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
   }
+  memcpy(acc_out, acc, (size_t)D * sizeof(float));
+}
+
+/* weigh for four query vectors over the same values, t in [0, to): each value row is read
+   once for the four. Each accumulator gets the same operations in the same order as
+   weigh's. */
+static ALWAYS_INLINE void weigh4(const float* const* p, const float* V, int64_t to, float* const* acc_out,
+                                 const int64_t D) {
+  float a0[MAX_HEAD], a1[MAX_HEAD], a2[MAX_HEAD], a3[MAX_HEAD];
+  memcpy(a0, acc_out[0], (size_t)D * sizeof(float));
+  memcpy(a1, acc_out[1], (size_t)D * sizeof(float));
+  memcpy(a2, acc_out[2], (size_t)D * sizeof(float));
+  memcpy(a3, acc_out[3], (size_t)D * sizeof(float));
+  const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+  for (int64_t t = 0; t < to; ++t) {
+    const float* v = V + t * D;
+    const float w0 = p0[t], w1 = p1[t], w2 = p2[t], w3 = p3[t];
+    for (int64_t d = 0; d < D; ++d) {
+      a0[d] += w0 * v[d];
+      a1[d] += w1 * v[d];
+      a2[d] += w2 * v[d];
+      a3[d] += w3 * v[d];
+    }
+  }
+  memcpy(acc_out[0], a0, (size_t)D * sizeof(float));
+  memcpy(acc_out[1], a1, (size_t)D * sizeof(float));
+  memcpy(acc_out[2], a2, (size_t)D * sizeof(float));
+  memcpy(acc_out[3], a3, (size_t)D * sizeof(float));
+}
+
+/* One piece of work: the query heads of one KV head for rows r0..r1-1, over one chunk of
+   positions, into partials of head_size + 2 floats (acc..., max, sum): row r's query head
+   j at out + (r - r0) * row_stride + j * head_stride. The chunk is walked in tiles, each
+   tile's keys (then values) read from memory once for all the block's query vectors and
+   kept in the first-level cache meanwhile. `scratch` holds (r1 - r0) * group *
+   (CHUNK + D) floats. Inlined with D a constant for the common head sizes.
+
+   A row's partials depend only on its query, its total and the cache, never on the other
+   rows of the block, the tiles or the threads: each dot product is computed on its own,
+   the softmax and the weighted sum of values go through the row's positions in order. So
+   a token gets the same bits alone in a decode step or among the rows of a prefill chunk. */
+static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t g, int64_t chunk, float* out,
+                                 int64_t row_stride, int64_t head_stride, float* scratch, const int64_t D) {
+  const int64_t t0 = chunk * CHUNK, G = s->group, rows = r1 - r0;
+  float* scores = scratch;                   /* [rows * G][CHUNK] */
+  float* accs = scratch + rows * G * CHUNK;  /* [rows * G][D] */
+  int64_t longest = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = (int64_t)s->totals[r] - t0;
+    longest = n > longest ? n : longest;
+  }
+  longest = longest < CHUNK ? longest : CHUNK;
+#define ROW_N(r) ((int64_t)s->totals[r] - t0 < CHUNK ? (int64_t)s->totals[r] - t0 : CHUNK)
+#define KV_AT(base, r, t) ((base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
+  /* The scores, tile by tile: the tile's keys are read once for the block. */
+  for (int64_t ts = 0; ts < longest; ts += TILE)
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = ROW_N(r);
+      if (n <= ts) continue;
+      const int64_t m = n - ts < TILE ? n - ts : TILE;
+      for (int64_t j = 0; j < G; ++j)
+        dots(s->q + (r * s->heads + g * G + j) * D, KV_AT(s->keys, r, ts), m, D,
+             scores + ((r - r0) * G + j) * CHUNK + ts);
+    }
+  float sums[MAX_VECTORS], tops[MAX_VECTORS];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = ROW_N(r);
+    for (int64_t j = 0; j < G; ++j) {
+      float* sc = scores + ((r - r0) * G + j) * CHUNK;
+      float* acc = accs + ((r - r0) * G + j) * D;
+      for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+      if (n <= 0) continue;
+      float top[16];
+      for (int l = 0; l < 16; ++l) top[l] = -INFINITY;
+      int64_t t = 0;
+      for (; t + 16 <= n; t += 16)
+        for (int l = 0; l < 16; ++l) top[l] = sc[t + l] > top[l] ? sc[t + l] : top[l];
+      float m = top[0];
+      for (int l = 1; l < 16; ++l) m = top[l] > m ? top[l] : m;
+      for (; t < n; ++t) m = sc[t] > m ? sc[t] : m;
+      for (t = 0; t < n; ++t) sc[t] = exp_neg(sc[t] - m);
+      float lanes[16] = {0};
+      for (t = 0; t + 16 <= n; t += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] += sc[t + l];
+      float sum = sum16(lanes);
+      for (; t < n; ++t) sum += sc[t];
+      tops[(r - r0) * G + j] = m;
+      sums[(r - r0) * G + j] = sum;
+    }
+  }
+  /* The weighted sums of values, query vectors four at a time where they read the same
+     values: each value row is loaded once for four accumulators, each still the sum over
+     its positions in order (so the same bits as one at a time). */
+  for (int64_t ts = 0; ts < longest; ts += TILE) {
+    const float* vp[MAX_VECTORS];
+    float* va[MAX_VECTORS];
+    const float* vv[MAX_VECTORS];
+    int64_t vm[MAX_VECTORS];
+    int64_t nv = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = ROW_N(r);
+      if (n <= ts) continue;
+      for (int64_t j = 0; j < G; ++j, ++nv) {
+        vp[nv] = scores + ((r - r0) * G + j) * CHUNK + ts;
+        va[nv] = accs + ((r - r0) * G + j) * D;
+        vv[nv] = KV_AT(s->values, r, ts);
+        vm[nv] = n - ts < TILE ? n - ts : TILE;
+      }
+    }
+    int64_t i = 0;
+    for (; i + 4 <= nv; i += 4) {
+      if (vv[i + 1] != vv[i] || vv[i + 2] != vv[i] || vv[i + 3] != vv[i]) {
+        for (int64_t e = i; e < i + 4; ++e) weigh(vp[e], vv[e], 0, vm[e], va[e], D);
+        continue;
+      }
+      int64_t common = vm[i];
+      for (int64_t e = i + 1; e < i + 4; ++e) common = vm[e] < common ? vm[e] : common;
+      weigh4(vp + i, vv[i], common, va + i, D);
+      for (int64_t e = i; e < i + 4; ++e) weigh(vp[e], vv[e], common, vm[e], va[e], D);
+    }
+    for (; i < nv; ++i) weigh(vp[i], vv[i], 0, vm[i], va[i], D);
+  }
+#undef ROW_N
+#undef KV_AT
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = ROW_N_OUT(s, r, t0);
+    for (int64_t j = 0; j < G; ++j) {
+      float* o = out + (r - r0) * row_stride + j * head_stride;
+      const int64_t v = (r - r0) * G + j;
+      memcpy(o, accs + v * D, (size_t)D * sizeof(float));
+      o[D] = n > 0 ? tops[v] : -INFINITY; /* an empty partial: no position of this chunk */
+      o[D + 1] = n > 0 ? sums[v] : 0.0f;
+    }
+  }
+}
+
+/* Every path runs a block's chunk through this one compiled function (never inlined into
+   its callers, whose code generation could differ), so a row gets the same bits whether it
+   runs alone in a decode step or among the rows of a prefill chunk or a check. */
+HOT __attribute__((noinline)) static void attend_piece(const Step* s, int64_t r0, int64_t r1, int64_t g,
+                                                       int64_t chunk, float* out, int64_t row_stride,
+                                                       int64_t head_stride, float* scratch) {
+  switch (s->head_size) {
+    case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64); break;
+    case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128); break;
+    default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size); break;
+  }
+}
+
+/* A row's attention for one query head from its chunks' partials (`chunks` of them, D + 2
+   floats each): rescaled to the largest maximum, then normalised. Empty chunks (a sum of
+   0) add nothing. One compiled function for every path, like attend_piece. */
+__attribute__((noinline)) static void combine(const float* parts, int64_t chunks, int64_t D, float* o) {
+  float m = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
+  memset(o, 0, (size_t)D * sizeof(float));
+  float sum = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* part = parts + c * (D + 2);
+    if (part[D + 1] == 0.0f) continue;
+    const float w = expf(part[D] - m);
+    sum += w * part[D + 1];
+    for (int64_t d = 0; d < D; ++d) o[d] += w * part[d];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+}
+
+/* Chunk tasks (a decode step: few rows, so the positions are split among the threads):
+   task = (row, KV head, chunk); the partials are combined after all tasks. */
+static void attend_chunk(void* data, size_t task) {
+  Step* s = (Step*)data;
+  const int64_t chunk = (int64_t)task % s->chunks;
+  const int64_t g = ((int64_t)task / s->chunks) % s->kv_heads;
+  const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
+  const int64_t D = s->head_size;
+  float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
+  float small[4 * (CHUNK + MAX_HEAD)];
+  const size_t need = (size_t)(s->group * (CHUNK + D));
+  float* scratch = need <= sizeof small / sizeof small[0] ? small : (float*)malloc(need * sizeof(float));
+  if (scratch == NULL) {
+    s->failed = 1;
+    return;
+  }
+  attend_piece(s, r, r + 1, g, chunk, out, 0, s->chunks * (D + 2), scratch);
+  if (scratch != small) free(scratch);
+}
+
+/* Row tasks (a prefill chunk or a check: many rows): task = (ROW_BLOCK consecutive rows,
+   KV head). The task walks the chunks in order and runs each chunk for all its rows, so
+   the chunk's keys and values are read from memory once for the block, then combines
+   each row's partials itself, in its own scratch. */
+#define ROW_BLOCK 16 /* rows x group <= MAX_VECTORS (kernel_compute checks) */
+
+static void attend_rows(void* data, size_t task) {
+  Step* s = (Step*)data;
+  const int64_t g = (int64_t)task % s->kv_heads;
+  const int64_t r0 = ((int64_t)task / s->kv_heads) * ROW_BLOCK;
+  const int64_t r1 = r0 + ROW_BLOCK < s->rows ? r0 + ROW_BLOCK : s->rows;
+  const int64_t D = s->head_size, G = s->group;
+  int64_t chunks = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t c = ((int64_t)s->totals[r] + CHUNK - 1) / CHUNK;
+    chunks = c > chunks ? c : chunks;
+  }
+  const int64_t per_head = chunks * (D + 2);
+  float* parts = (float*)malloc((size_t)((r1 - r0) * G * (per_head + CHUNK + D)) * sizeof(float));
+  if (parts == NULL) {
+    s->failed = 1;
+    return;
+  }
+  float* scratch = parts + (r1 - r0) * G * per_head;
+  for (int64_t c = 0; c < chunks; ++c)
+    attend_piece(s, r0, r1, g, c, parts + c * (D + 2), G * per_head, per_head, scratch);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t own = ((int64_t)s->totals[r] + CHUNK - 1) / CHUNK;
+    for (int64_t j = 0; j < G; ++j)
+      combine(parts + ((r - r0) * G + j) * per_head, own, D, s->out + (r * s->heads + g * G + j) * D);
+  }
+  free(parts);
 }
 
 static void rotate(float* x, const float* cos_row, const float* sin_row, int64_t rotary_dim, int interleaved) {
@@ -384,6 +597,11 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
   return API(InvokeOp)(context, k->fallback, inputs, N_INPUTS, outputs, N_OUTPUTS);
 }
 
+/* Row tasks when there are enough of them for the threads, or the chunk tasks' partials
+   would take more than this many floats. Either way a row gets the same bits. */
+#define ROW_TASKS_PER_THREAD 4
+#define MAX_PARTIAL_FLOATS (4 << 20)
+
 static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   const Kernel* k = (const Kernel*)p;
   size_t n_inputs = 0;
@@ -402,16 +620,20 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     TRY(describe(inputs[3], &past_key));
     TRY(describe(inputs[4], &past_value));
     TRY(describe(inputs[5], &seqlens));
-    fast = query.rank == 3 && query.dims[1] >= 1 && query.elem == ELEM_FLOAT && past_key.rank == 4 &&
+    /* One new token per row (a decode step), or several in one row (a prefill chunk, a
+       speculative check): several rows of several tokens mean padding to ONNX Runtime. */
+    fast = query.rank == 3 && query.dims[1] >= 1 && (query.dims[1] == 1 || query.dims[0] == 1) &&
+           query.elem == ELEM_FLOAT && past_key.rank == 4 &&
            past_key.elem == ELEM_FLOAT && past_value.rank == 4 && seqlens.rank == 1 &&
            seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
            past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
            memcmp(past_key.dims, past_value.dims, sizeof past_key.dims) == 0;
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
+  if (fast) fast = (k->num_heads / k->kv_num_heads) * ROW_BLOCK <= MAX_VECTORS;
   if (!fast) return run_fallback(k, context, inputs);
   const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
-  const int64_t D = past_key.dims[3];
+  const int64_t D = past_key.dims[3], R = B * S;
   const int64_t cap = past_key.dims[2];
   const int packed = inputs[1] == NULL;
   const int64_t width = packed ? (H + 2 * KVH) * D : H * D;
@@ -433,9 +655,10 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     shapes_ok = cos_cache.rank == 2 && cos_cache.elem == ELEM_FLOAT && sin_cache.elem == ELEM_FLOAT &&
                 cos_cache.dims[1] * 2 <= D && memcmp(cos_cache.dims, sin_cache.dims, 2 * sizeof(int64_t)) == 0;
   }
+  /* seqlens_k: each row's total length - 1; the S new tokens follow its past. */
   const int32_t* lengths = (const int32_t*)seqlens.data;
   for (int64_t b = 0; b < B && shapes_ok; ++b)
-    shapes_ok = lengths[b] >= S - 1 && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
+    shapes_ok = lengths[b] + 1 >= S && lengths[b] < cap && (!k->do_rotary || lengths[b] < cos_cache.dims[0]);
 
   /* The outputs: the present caches must be the past ones (shared buffers). */
   const int64_t out_dims[3] = {B, S, H * D};
@@ -458,19 +681,21 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
-  /* the rows go through in passes whose partials take at most about 16 MB */
-  int64_t per_pass = ((int64_t)1 << 22) / (H * chunks * (D + 2));
-  per_pass = per_pass < 1 ? 1 : per_pass > B * S ? B * S : per_pass;
-  float* q = (float*)malloc((size_t)(B * S * H * D) * sizeof(float));
-  float* partial = (float*)malloc((size_t)(per_pass * H * chunks * (D + 2)) * sizeof(float));
-  if (q == NULL || partial == NULL) {
+  const int row_tasks = ((R + ROW_BLOCK - 1) / ROW_BLOCK) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
+  float* q = (float*)malloc((size_t)(R * H * D) * sizeof(float));
+  int32_t* totals = (int32_t*)malloc((size_t)R * sizeof(int32_t));
+  float* partial = row_tasks ? NULL : (float*)malloc((size_t)(R * H * chunks * (D + 2)) * sizeof(float));
+  if (q == NULL || totals == NULL || (!row_tasks && partial == NULL)) {
     free(q);
+    free(totals);
     free(partial);
     return API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
   }
   const int64_t half = cos_cache.dims[1];
-  for (int64_t r = 0; r < B * S; ++r) {
-    const int64_t b = r / S, pos = lengths[b] - (S - 1 - r % S);
+  /* Every new key and value goes into the cache first: a row attends to those before it. */
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t b = r / S, pos = lengths[b] + 1 - S + r % S;
+    totals[r] = (int32_t)(pos + 1);
     const float* row = query.data + r * width;
     const float* kin = packed ? row + H * D : key.data + r * KVH * D;
     const float* vin = packed ? row + (H + KVH) * D : value.data + r * KVH * D;
@@ -489,35 +714,22 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       memcpy(present_v + ((b * KVH + g) * cap + pos) * D, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  OrtStatus* status = NULL;
-  for (int64_t first = 0; first < B * S && status == NULL; first += per_pass) {
-    const int64_t n = B * S - first < per_pass ? B * S - first : per_pass;
-    Step step = {B, H, KVH, G, D, cap, chunks, S, first, lengths, q, present_k, present_v, partial};
-    status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(n * KVH * chunks), 0, &step);
-    if (status != NULL) break;
-    /* Combine each head's chunks: rescale to the largest maximum, then normalise. */
-    for (int64_t local = 0; local < n; ++local) {
-      const int64_t r = first + local;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* parts = partial + (local * H + h) * chunks * (D + 2);
-        float m = -INFINITY;
-        for (int64_t c = 0; c < chunks; ++c) m = parts[c * (D + 2) + D] > m ? parts[c * (D + 2) + D] : m;
-        float* o = out + (r * H + h) * D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        float sum = 0.0f;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const float* part = parts + c * (D + 2);
-          if (part[D + 1] == 0.0f) continue;
-          const float w = expf(part[D] - m);
-          sum += w * part[D + 1];
-          for (int64_t d = 0; d < D; ++d) o[d] += w * part[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-      }
-    }
+  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0};
+  OrtStatus* status;
+  if (row_tasks) {
+    const int64_t blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
+    status = API(KernelContext_ParallelFor)(context, attend_rows, (size_t)(blocks * KVH), 0, &step);
+    if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
+  } else {
+    status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(R * KVH * chunks), 0, &step);
+    if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
+    if (status == NULL)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t h = 0; h < H; ++h)
+          combine(partial + (r * H + h) * chunks * (D + 2), chunks, D, out + (r * H + h) * D);
   }
   free(q);
+  free(totals);
   free(partial);
   return status;
 }
@@ -532,8 +744,10 @@ static const char* choose_paths(void) {
   __builtin_cpu_init();
   const char* choice = getenv("ONNX_GENAI_KERNELS");
   if (choice != NULL && strcmp(choice, "portable") == 0) return "portable: ONNX_GENAI_KERNELS=portable";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
-  return "portable: this CPU lacks AVX2 or FMA";
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "portable: this CPU lacks AVX2 or FMA";
+  if (choice != NULL && strcmp(choice, "avx2") == 0) return "avx2+fma: AVX-512 left out (ONNX_GENAI_KERNELS=avx2)";
+  if (__builtin_cpu_supports("avx512f")) return "avx2+fma: and AVX-512";
+  return "avx2+fma";
 #else
   return "portable: built without the x86-64 AVX2 code";
 #endif
@@ -543,13 +757,15 @@ static const char* choose_paths(void) {
    "portable: <why>". A build without this function predates it. */
 ENGINE_EXPORT const char* EngineKernelsPaths(void) { return choose_paths(); }
 
-/* The same for the 4-bit matmul (matmul_nbits.c): "avx512-vnni" or "portable: <why>". */
+/* The same for the 4-bit matmul (matmul_nbits.c): "avx512-vnni", "avx2: <why>" or
+   "portable: <why>". */
 ENGINE_EXPORT const char* EngineKernelsMatmulPaths(void) { return engine_matmul_paths(); }
 
 /* Called by ONNX Runtime (SessionOptions.register_custom_ops_library). */
 ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   if (g_api == NULL) {
-    g_isa = strcmp(choose_paths(), "avx2+fma") == 0;
+    const char* paths = choose_paths();
+    g_isa = strncmp(paths, "avx2+fma", 8) != 0 ? 0 : strcmp(paths, "avx2+fma: and AVX-512") == 0 ? 2 : 1;
     g_api = base->GetApi(API_VERSION);
     if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.20 */
   }

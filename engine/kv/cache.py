@@ -299,3 +299,11 @@ def read_rows(pool: PagePool, table: PageTable, start: int, end: int) -> list[np
     assert start % size == 0 and end <= table.length
     first, last = start // size, -(-end // size)
     return pool.read(table.pages[first:last], end - start)
+
+
+def read_any_rows(pool: PagePool, table: PageTable, start: int, end: int) -> list[np.ndarray]:
+    """Rows `[start, end)` of a sequence, from any start."""
+    size = pool.page_size
+    first = start // size
+    rows = read_rows(pool, table, first * size, end)
+    return [r[:, start - first * size:] for r in rows]

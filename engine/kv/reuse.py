@@ -19,10 +19,12 @@ from engine.kv.cache import (
     PageTable,
     PrefixCache,
     append_rows,
+    read_any_rows,
     read_rows,
     release_page,
 )
 from engine.kv.sessions import Session, SessionStore
+from engine.kv.shift import RowReader, Segment, Shifter, ShiftPlan
 from engine.kv.tiers import KVTiers
 from engine.runtime.runner import DecodeRunner
 
@@ -48,13 +50,65 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 
 class KVReuse:
     def __init__(self, pool: PagePool, prefix_cache: PrefixCache | None,
-                 sessions: SessionStore, kv_tiers: KVTiers | None) -> None:
+                 sessions: SessionStore, kv_tiers: KVTiers | None,
+                 shifter: Shifter | None = None, chunk: int = 512) -> None:
         self.pool = pool
         self.prefix_cache = prefix_cache
         self.sessions = sessions
         self.kv_tiers = kv_tiers
+        #: Reuse by shifting (engine.kv.shift); None = off or not derivable for the model.
+        self.shifter = shifter
+        self.chunk = chunk
+        #: Of the tokens the last `prepare` put in the runner, those computed (the gaps
+        #: between shifted runs), not reused.
+        self.computed = 0
+        #: Tokens reused by shifting, over the engine's life.
+        self.shifted_tokens = 0
 
     def prepare(self, runner: DecodeRunner, prompt: list[int],
+                session: Session | None) -> int:
+        """Put the KV of the longest prefix of `prompt` it can into `runner`: reused from
+        a cache, shifted from other positions, or computed between shifted runs (counted
+        in `computed`); return its length."""
+        aside = self.sessions.take_aside(session) if session is not None else None
+        try:
+            plan = self._shift_plan(runner, prompt, aside)
+            held = self._prefix(runner, prompt, session)
+            self.computed = 0
+            if plan is not None and plan.reused_after(held) >= plan.min_run:
+                self.shifted_tokens += plan.reused_after(held)
+                self.computed = plan.apply(runner, prompt, self.chunk)
+                held = runner.length
+            return held
+        finally:
+            if aside is not None:
+                self.sessions.release_table(aside[1])
+
+    def _shift_plan(self, runner: DecodeRunner, prompt: list[int],
+                    aside: tuple[list[int], PageTable] | None) -> ShiftPlan | None:
+        """The best shift plan over the runner's live KV and a session's set-aside KV, its
+        runs copied (the prefix step may overwrite the runner's rows)."""
+        shifter = self.shifter
+        if shifter is None or not runner.transfers_kv or len(prompt) <= shifter.min_run:
+            return None
+        limit = len(prompt) - 1
+        sources: list[tuple[Sequence[int], RowReader]] = [(runner.tokens, runner.export_kv)]
+        if aside is not None:
+            tokens, table = aside
+            sources.append((tokens[:table.length],
+                            lambda a, b: read_any_rows(self.pool, table, a, b)))
+        best: tuple[int, list[Segment], RowReader] | None = None
+        for cached, read in sources:
+            reused, segments = shifter.plan(cached, prompt, limit)
+            first = segments[0].length if segments and segments[0].at == 0 and \
+                segments[0].src == 0 else 0
+            if reused - first >= shifter.min_run and (best is None or reused > best[0]):
+                best = (reused, segments, read)
+        if best is None:
+            return None
+        return shifter.copy(best[1], best[2])
+
+    def _prefix(self, runner: DecodeRunner, prompt: list[int],
                 session: Session | None) -> int:
         """Put the longest reusable prefix of `prompt` into `runner`; return its length."""
         size = self.pool.page_size

@@ -18,6 +18,9 @@ class Session:
     id: int
     tokens: list[int] = field(default_factory=list)
     table: PageTable = field(default_factory=PageTable)
+    #: The KV of an earlier history the session rewound past, kept until its next turn
+    #: starts so runs of it can be shifted into the new prompt (engine.kv.shift).
+    aside: tuple[list[int], PageTable] | None = None
 
     @property
     def kv_len(self) -> int:
@@ -57,6 +60,7 @@ class SessionStore:
 
     def close(self, session_id: int) -> None:
         session = self.get(session_id)
+        self.release_aside(session)
         self.truncate(session, 0)
         del self._sessions[session_id]
 
@@ -65,6 +69,32 @@ class SessionStore:
         del session.tokens[length:]
         if session.table.length > length:
             truncate_table(self.pool, session.table, length, self.cache)
+
+    def set_aside(self, session: Session, length: int) -> None:
+        """`truncate` to `length`, keeping the KV past it aside for the next turn."""
+        self.release_aside(session)
+        table = session.table
+        if table.length > length:
+            session.aside = (list(session.tokens[:table.length]),
+                             PageTable(list(table.pages), table.length))
+            for page in table.pages:
+                self.pool.retain(page)
+                if self.cache is not None:
+                    self.cache.acquired(page)
+        self.truncate(session, length)
+
+    def take_aside(self, session: Session) -> tuple[list[int], PageTable] | None:
+        """The set-aside KV (the caller releases it with `release_table`)."""
+        aside, session.aside = session.aside, None
+        return aside
+
+    def release_table(self, table: PageTable) -> None:
+        truncate_table(self.pool, table, 0, self.cache)
+
+    def release_aside(self, session: Session) -> None:
+        aside = self.take_aside(session)
+        if aside is not None:
+            self.release_table(aside[1])
 
     def drop_kv(self, session: Session) -> None:
         truncate_table(self.pool, session.table, 0, self.cache)

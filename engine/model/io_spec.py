@@ -262,7 +262,12 @@ def _kv_pairs(
 def _layer_kind(name: str, index: int) -> tuple[int, str]:
     digits = re.findall(r"\d+", name)
     layer = int(digits[-1]) if digits else index // 2
-    kind = "value" if ("value" in name or name.endswith(".v") or "_v" in name) else "key"
+    words = [w for w in re.split(r"[^a-z]+", name.lower()) if w]
+    last = words[-1] if words else ""
+    if last in ("key", "keys", "k", "value", "values", "v"):  # past_key_values.0.key
+        kind = "key" if last.startswith("k") else "value"
+    else:
+        kind = "value" if ("value" in name or name.endswith(".v") or "_v" in name) else "key"
     return layer, kind
 
 

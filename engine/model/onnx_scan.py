@@ -42,11 +42,15 @@ class Initializer:
     #: Bytes of the serialized tensor (inline payload included).
     size: int = 0
     dims: list[int] = field(default_factory=list)
+    #: ONNX TensorProto.DataType of the values.
+    data_type: int = 0
+    #: Where inline values lie in the file: (start, end) of raw_data, else None.
+    raw: tuple[int, int] | None = None
 
 
 #: Nodes kept whole (inputs, outputs, integer attributes): what the attention's shape is
 #: read from (engine.model_dir checks it against the model's metadata).
-DETAILED_OPS = frozenset({"GroupQueryAttention", "MatMul", "MatMulNBits"})
+DETAILED_OPS = frozenset({"GroupQueryAttention", "MatMul", "MatMulNBits", "RotaryEmbedding"})
 
 
 @dataclass
@@ -208,6 +212,10 @@ def _scan_tensor(r: _Reader, span: tuple[int, int]) -> Initializer:
             packed = r.sub(v)
             while packed.pos < packed.end:
                 tensor.dims.append(_signed(packed.varint()))
+        elif n == 2 and w == 0:
+            tensor.data_type = v
+        elif n == 9 and w == 2:
+            tensor.raw = v
         elif n == 8 and w == 2:
             tensor.name = r.text(v)
         elif n == 14 and w == 0:

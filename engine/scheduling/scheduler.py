@@ -26,6 +26,7 @@ from engine.generation.request import RequestRun
 from engine.generation.stopping import FinishReason
 from engine.kv.reuse import common_prefix_len
 from engine.kv.sessions import Session
+from engine.kv.shift import probe_hits
 from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.scheduling.core import EngineCore
 from engine.scheduling.pressure import relieve
@@ -225,8 +226,17 @@ class Scheduler:
         """A free runner index, preferring the one whose cache shares most of `prompt`."""
         free = [i for i in range(len(self.engine.runners)) if i not in self.active]
         if free:
-            return max(free, key=lambda i: common_prefix_len(
-                self.engine.runners[i].tokens, prompt, len(prompt)))
+            shared = {i: common_prefix_len(self.engine.runners[i].tokens, prompt, len(prompt))
+                      for i in free}
+            shifter = self.engine.reuse.shifter
+            if shifter is None:
+                return max(free, key=shared.__getitem__)
+            # among runners sharing about as long a prefix, the one holding runs of the
+            # prompt elsewhere (a moved window) can shift them (engine.kv.shift)
+            best = max(shared.values())
+            near = [i for i in free if shared[i] > best - shifter.min_run]
+            return max(near, key=lambda i: (probe_hits(self.engine.runners[i].tokens, prompt),
+                                            shared[i]))
         if self.engine.add_runner() is not None:
             return len(self.engine.runners) - 1
         return None

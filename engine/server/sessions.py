@@ -12,7 +12,10 @@ turn's prompt and answer. Each turn, on the engine thread:
    client cut short) it is rewound to the common prefix first;
 3. only the tokens after the common prefix run, through the scheduler, as a turn of that
    engine session: the KV of the history comes from the session's pages, so nothing
-   before is prefilled again, even when other requests used the engine in between.
+   before is prefilled again, even when other requests used the engine in between. The
+   KV past the common prefix is kept aside for the turn: long runs of it that the new
+   prompt holds at other positions (the oldest exchange left out) are shifted into place
+   instead of recomputed (``engine.kv.shift``; ``--cache-reuse``).
 
 The answer is the one the request gets without the header (same prompt tokens, same stop
 tokens, same options). ``usage.prompt_tokens_details.cached_tokens`` says how many prompt
@@ -182,8 +185,13 @@ def session_turn(engine: Engine, session_id: int, messages: Messages,
     chat = GenerateRequest(messages=messages, options=options, tools=tools,
                            chat_template_kwargs=template_kwargs)
     prompt = engine.encode_request(chat)
-    drop, new = plan_turn(engine.sessions.get(session_id).tokens, prompt)
-    if drop:
+    session = engine.sessions.get(session_id)
+    drop, new = plan_turn(session.tokens, prompt)
+    if drop and engine.reuse.shifter is not None:
+        # the KV past the common prefix stays aside for this turn: runs of it the prompt
+        # holds at other positions (older messages left out) are shifted, not recomputed
+        engine.sessions.set_aside(session, len(session.tokens) - drop)
+    elif drop:
         engine.rewind_session(session_id, drop)
     if options.eos_token_ids is None:
         # token ids alone stop at EOS only: keep the chat request's end-of-turn stops

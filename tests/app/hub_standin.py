@@ -66,12 +66,15 @@ class StandinRepo:
     def __init__(self, folder: Path) -> None:
         self.files: dict[str, HubFile] = {}
         for local in sorted(p for p in folder.rglob("*") if p.is_file()):
-            data = local.read_bytes()
+            size = local.stat().st_size
             rel = local.relative_to(folder).as_posix()
-            git_oid = hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
-            self.files[rel] = HubFile(rel, local, len(data), git_oid,
-                                      hashlib.sha256(data).hexdigest(),
-                                      len(data) >= LFS_MIN_BYTES)
+            git, sha = hashlib.sha1(f"blob {size}\0".encode()), hashlib.sha256()
+            with local.open("rb") as f:  # in blocks: a served model may be gigabytes
+                while block := f.read(16 * 2**20):
+                    git.update(block)
+                    sha.update(block)
+            self.files[rel] = HubFile(rel, local, size, git.hexdigest(), sha.hexdigest(),
+                                      size >= LFS_MIN_BYTES)
         self.commit = hashlib.sha1("".join(f.git_oid for f in self.files.values())
                                    .encode()).hexdigest()
 

@@ -6,6 +6,7 @@ The special tokens, pre-tokenizer and chat template mirror the reference exports
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import sysconfig
@@ -131,6 +132,7 @@ def _trained_dir(vocab_size: int) -> Path:
     if cached is not None and (cached / "tokenizer.json").is_file():
         return cached
     tmp = Path(tempfile.mkdtemp(prefix=f"forge-tok-{vocab_size}-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # one per process, not left behind
     _train(vocab_size).save(str(tmp / "tokenizer.json"))
     _CACHE[vocab_size] = tmp
     return tmp

@@ -117,19 +117,37 @@ def test_read_bandwidth_is_measured_once_and_cached(tmp_path):
     assert read_bandwidth(cache) != 12345.0  # another machine: measured
 
 
-def test_quantized_models_get_the_share_of_the_bandwidth_measured_on_the_built_in_model(
-        tmp_path):
+def test_int4_models_are_expected_at_the_int4_rate_plus_a_cost_per_layer(tmp_path):
+    """The figures are measured once, together (the fp32 and int4 chains, the built-in
+    model's decode for the per-layer cost) and cached; a quantized model's step is its
+    layers times that cost plus its bytes at the int4 rate, an fp32 model's at the fp32
+    rate."""
     cache = tmp_path / "bandwidth.json"
     speed = read_speed(cache)
     saved = json.loads(cache.read_text())
-    assert saved["quantized_model"] == "smollm2-135m-instruct"  # int4, decoded once
-    assert 0 < speed.quantized_efficiency == saved["quantized_efficiency"] <= 2
-    saved["quantized_efficiency"] = 0.25
+    assert saved["layer_model"] == "smollm2-135m-instruct"  # int4, decoded once
+    assert speed.bytes_per_second == saved["bytes_per_second"] > 1e8
+    assert speed.int4_bytes_per_second == saved["int4_bytes_per_second"] > 1e8
+    assert 0 <= speed.layer_seconds == saved["layer_seconds"] < 0.01
+    saved.update(int4_bytes_per_second=5e8, layer_seconds=1e-4)
     cache.write_text(json.dumps(saved))
-    assert read_speed(cache).quantized_efficiency == 0.25  # not measured again
+    assert read_speed(cache) == ReadSpeed(saved["bytes_per_second"], 5e8, 1e-4)  # cached
     shape = ModelShape(4, 8, 64, 2048, 4)
-    read = 100 * MIB + shape.kv_bytes_per_token * SPEED_CONTEXT
-    fp32 = assess(100 * MIB, shape, bandwidth=ReadSpeed(1e9, 0.25))
-    int4 = assess(100 * MIB, shape, bandwidth=ReadSpeed(1e9, 0.25), quantized=True)
-    assert fp32.tokens_per_second == round(1e9 / read, 2)
-    assert int4.tokens_per_second == round(0.25e9 / read, 2)
+    read = 100 * MIB - 2048 * 64 * 4 + shape.kv_bytes_per_token * SPEED_CONTEXT
+    figures = ReadSpeed(1e9, 5e8, 1e-4)
+    fp32 = assess(100 * MIB, shape, bandwidth=figures)
+    int4 = assess(100 * MIB, shape, bandwidth=figures, quantized=True)
+    assert fp32.tokens_per_second == round(1 / (4e-4 + read / 1e9), 2)
+    assert int4.tokens_per_second == round(1 / (4e-4 + read / 5e8), 2)
+
+
+def test_a_long_contexts_rotary_tables_are_not_counted_as_read_each_step():
+    """A builder export or GGUF import keeps cos and sin tables for every position of its
+    context (34 MB for a 1B model's 131,072 tokens); a step reads one row of them."""
+    short, long = ModelShape(16, 8, 64, 2048, 4), ModelShape(16, 8, 64, 131072, 4)
+    kv = short.kv_bytes_per_token * SPEED_CONTEXT
+    config = EngineConfig(kv_max_len=2048)
+    for shape in (short, long):
+        fit = assess(100 * MIB, shape, config, bandwidth=1e10)
+        tables = 2 * shape.context * 32 * 4
+        assert fit.tokens_per_second == round(1e10 / (100 * MIB - tables + kv), 2)

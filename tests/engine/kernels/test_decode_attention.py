@@ -2,10 +2,11 @@
 
 Each case runs one GroupQueryAttention node in two real ONNX Runtime sessions: one with
 the node in ONNX Runtime's domain, one moved to the engine's (the library registered), on
-the same inputs, and compares the attention output and the caches. Runs whose past and present
-share one buffer (decode steps and prefill chunks) run the engine's code, each new row as
-its own decode step; the rest (caches that are not shared) must come back from ONNX
-Runtime's kernel.
+the same inputs, and compares the attention output and the caches. Decode steps (one new
+token per row) and prefill chunks (several new tokens of one row), past and present sharing
+one buffer, run the engine's code, and a token's output has the same bits whichever of them
+computed it; the rest (caches that are not shared, say) must come back from ONNX Runtime's
+kernel.
 """
 
 from __future__ import annotations
@@ -152,10 +153,52 @@ def test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths(case):
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_a_prefill_chunk_matches_onnx_runtime(case):
-    _compare(case, [300], new=5)
+    _compare(case, [300], new=5)  # few rows: the positions are split among the threads
     _compare(case, [0], new=9)
-    _compare(case, [250], new=20)  # rows on both sides of a chunk of 256 positions
-    _compare(case, [0], new=300)
+    _compare(case, [700], new=70)  # many rows: a task per row and KV head
+
+
+def _pieces(case: dict, sizes: list[int], past: int = 0, threads: int = 2
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row's prompt of sum(sizes) new tokens after `past` cached ones, run through the
+    engine's kernel in calls of `sizes` tokens each (the cache carried between calls, as
+    the engine's prefill chunks and decode steps do): the outputs of every token, and
+    the caches."""
+    heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
+    args = dict(packed=case["packed"], rotary=case["rotary"])
+    total = sum(sizes)
+    whole = _feeds(np.random.default_rng(7), heads, kv_heads, head, [past], total, 1100,
+                   **args)
+    session = _session(_model(KERNEL_DOMAIN, heads=heads, kv_heads=kv_heads, head=head,
+                              interleaved=case["interleaved"], scale=case["scale"], **args),
+                       threads)
+    caches = {n: whole[n] for n in ("past_key", "past_value")}
+    outputs, done = [], 0
+    for size in sizes:
+        feeds = {name: value[:, done:done + size] for name, value in whole.items()
+                 if name in ("query", "key", "value")}
+        feeds.update(caches, seqlens_k=np.array([past + done + size - 1], np.int32),
+                     total_sequence_length=np.array(past + done + size, np.int32))
+        if case["rotary"]:
+            feeds.update(cos_cache=whole["cos_cache"], sin_cache=whole["sin_cache"])
+        out, key, value = _run(session, feeds, shared=True)
+        caches = {"past_key": key, "past_value": value}
+        outputs.append(out)
+        done += size
+    return np.concatenate(outputs, axis=1), caches["past_key"], caches["past_value"]
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_a_token_gets_the_same_bits_alone_or_among_others(case):
+    """What makes the same request give the same answer whatever path it takes: a prompt
+    run whole, in chunks of 7 and 64, one token at a time (decode steps), or on one
+    thread, gives every token's output and the caches bit for bit the same."""
+    want = _pieces(case, [300], past=290)
+    for sizes, threads in (([7] * 42 + [6], 2), ([64] * 4 + [44], 2), ([1] * 300, 2),
+                           ([300], 1)):
+        got = _pieces(case, sizes, past=290, threads=threads)
+        for mine, theirs in zip(got, want, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
 
 
 def test_caches_that_are_not_shared_are_left_to_onnx_runtimes_kernel():
@@ -170,16 +213,20 @@ def test_large_scores_do_not_overflow_the_softmax():
     _compare(case, [600], new=1)
 
 
-def test_the_portable_loops_match_too(tmp_path):
-    """Where the CPU lacks AVX2 and FMA the dot products run in plain C loops: the decode
-    cases again, in a process told to take them (the choice is made once per process)."""
-    if os.environ.get(kernels.ENV) == "portable":
-        pytest.skip("this process is the portable run")
+@pytest.mark.parametrize("paths", ["portable", "avx2"])
+def test_the_other_paths_match_too(tmp_path, paths):
+    """Where the CPU lacks AVX-512 the dot products run in AVX2, where it lacks AVX2 and
+    FMA in plain C loops: the cases again, in a process told to take them (the choice is
+    made once per process)."""
+    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+        pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
          str(tmp_path / "run"),
-         f"{__file__}::test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths"],
-        env={**os.environ, kernels.ENV: "portable"}, capture_output=True, text=True,
+         f"{__file__}::test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths",
+         f"{__file__}::test_a_prefill_chunk_matches_onnx_runtime",
+         f"{__file__}::test_a_token_gets_the_same_bits_alone_or_among_others"],
+        env={**os.environ, kernels.ENV: paths}, capture_output=True, text=True,
         timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert "9 passed" in done.stdout

@@ -138,3 +138,42 @@ def test_concurrent_answers_are_the_same_with_and_without_the_kernel(genai_model
         return [r.result.token_ids for r in results]
 
     assert answers(True) == answers(False)
+
+
+def _last_logits(engine: Engine, ids: list[int], size: int) -> np.ndarray:
+    """The prompt's last logits, its prefill run in calls of `size` tokens."""
+    runner = engine.runner
+    runner.reset()
+    out = None
+    for start in range(0, len(ids), size):
+        out = runner.forward(np.array(ids[start:start + size])).copy()
+    assert out is not None
+    return out
+
+
+@built
+def test_prefill_in_chunks_of_any_size_gives_the_same_logits(genai_model_dir):
+    """The attention of a prompt token has the same bits whether it runs in a prefill of
+    the whole prompt, in chunks of 64 or 7, or as single-token steps (fp32 model: every
+    other operator is per row too). ONNX Runtime's own kernel moves the last bits."""
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=2))
+    ids = [5 + (11 * i) % 53 for i in range(200)]
+    want = _last_logits(engine, ids, len(ids))
+    for size in (1, 7, 64):
+        np.testing.assert_array_equal(_last_logits(engine, ids, size), want)
+
+
+@built
+def test_a_repeated_request_gives_the_same_tokens_and_logprobs(genai_model_dir):
+    """The repeat reuses the prompt's cached KV: its last prompt token runs as a one-token
+    step instead of inside the prefill. Greedy tokens and their log-probabilities are the
+    same, bit for bit."""
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=2))
+    request = GenerateRequest(token_ids=tuple(5 + (7 * i) % 50 for i in range(150)),
+                              options=GenerateOptions(max_new_tokens=24, temperature=0.0,
+                                                      stop_on_eos=False, top_logprobs=2))
+    first, again = engine.generate(request), engine.generate(request)
+    assert first.prefix_cache_hit_len == 0 and again.prefix_cache_hit_len > 0
+    assert again.token_ids == first.token_ids
+    assert [(lp.logprob, lp.top) for lp in again.logprobs] == \
+        [(lp.logprob, lp.top) for lp in first.logprobs]
