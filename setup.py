@@ -41,7 +41,9 @@ setup(
     package_data={RESOURCES: ["icons/*", f"{BUILTIN_MODEL}/*"],
                   "engine.hub": ["*.json"]},  # the model catalog and its schema
     ext_modules=[Extension("engine.kernels._decode_attention",
-                           sources=["engine/kernels/decode_attention.c"],
+                           sources=["engine/kernels/decode_attention.c",
+                                    "engine/kernels/matmul_nbits.c"],
+                           depends=["engine/kernels/ort_api.h"],
                            extra_compile_args=flags, optional=True)],
     cmdclass={"build_ext": BuildKernels},
 )

@@ -84,9 +84,11 @@ class GenerateOptions:
     #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass;
     #: "draft_model": guesses of EngineConfig.draft_model; "mtp": the model's declared MTP
     #: head. Runs only where it cannot change the output (greedy, no processors, no
-    #: logprobs, no custom sampler). Off by default: on int4 MatMulNBits graphs a
-    #: multi-token verify pass computes slightly different logits than single steps, so
-    #: the output can differ from plain greedy there (bench/README.md has the numbers).
+    #: logprobs, no custom sampler). Off by default. With the engine's kernels on the CPU
+    #: (engine/kernels) a verify pass computes each row's logits exactly as a single step;
+    #: with ONNX Runtime's (ONNX_GENAI_KERNELS=0, a GPU) int4 MatMulNBits graphs can give
+    #: slightly different logits, so the output can leave plain greedy's at a near-tie
+    #: (bench/README.md has the numbers).
     speculative_mode: str = "none"
     num_speculative_tokens: int = 4
     speculative_ngram: int = 3

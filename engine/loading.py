@@ -63,7 +63,8 @@ def open_model(model_dir: str | Path, config: EngineConfig) -> OpenedModel:
         log.warning("%s", placement.reason)
     graph, spec, kernel_use = pruned_graph(
         model.model_file, spec, config, placement.provider,
-        model.graph.op_counts.get("GroupQueryAttention", 0))
+        model.graph.op_counts.get("GroupQueryAttention", 0),
+        model.graph.op_counts.get("MatMulNBits", 0))
     log_kernel_use(model.path.name, kernel_use)
     session, info, capture = open_session(model.model_file, config, placement,
                                           spec.decode_path, graph)

@@ -23,6 +23,10 @@ from pathlib import Path
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
 #: their plain C loops even where the CPU has AVX2 (the tests cover both).
 ENV = "ONNX_GENAI_KERNELS"
+#: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
+#: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT), and so
+#: does a CPU without AVX-512 VNNI (the plain C loops: the same bits, 3-10x slower).
+MATMUL_ENV = "ONNX_GENAI_MATMUL"
 #: What setup.py builds (named so that no importer takes it for a Python module).
 LIBRARY = Path(__file__).resolve().parent / "decode_attention.ortops"
 #: The library's path instead of LIBRARY (a build kept elsewhere; a missing file tests an
@@ -45,6 +49,48 @@ def library() -> Path | None:
         return None
     path = library_path()
     return path if path.is_file() else None
+
+
+def matmul_on() -> bool:
+    """Whether MatMulNBits nodes go to the engine's kernel where it is ready (MATMUL_ENV)."""
+    return os.environ.get(MATMUL_ENV, "1") != "0"
+
+
+def matmul_eight_bit() -> bool:
+    """Whether 8-bit MatMulNBits nodes go to the engine's kernel too (MATMUL_ENV=all)."""
+    return os.environ.get(MATMUL_ENV, "1") == "all"
+
+
+def matmul_paths() -> str | None:
+    """What the engine's MatMulNBits runs on this CPU: "avx512-vnni" or "portable: <why>"
+    (None: no library, or one built before it had this kernel)."""
+    path = library()
+    if path is None:
+        return None
+    try:
+        paths_of = ctypes.CDLL(str(path)).EngineKernelsMatmulPaths
+    except (OSError, AttributeError):
+        return None
+    paths_of.restype = ctypes.c_char_p
+    paths_of.argtypes = []
+    return (paths_of() or b"").decode("utf-8", "replace")
+
+
+def matmul_slow_reason() -> str | None:
+    """Why MatMulNBits nodes keep ONNX Runtime's kernel on this CPU (None: they need not)."""
+    paths = matmul_paths()
+    if paths is None:
+        return "the kernels' library predates the engine's MatMulNBits"
+    if paths == "avx512-vnni" or paths.startswith("avx2") or matmul_eight_bit():
+        return None
+    return (f"{paths.partition(': ')[2] or paths}: ONNX Runtime's kernel is faster than the "
+            f"plain C loops ({MATMUL_ENV}=all runs them)")
+
+
+def matmul_fp32_fast() -> bool:
+    """Whether the engine's MatMulNBits has vector code for fp32 accuracy on this CPU
+    (AVX-512 VNNI; with AVX2 only accuracy level 4 is vectorised)."""
+    return matmul_paths() == "avx512-vnni" or matmul_eight_bit()
 
 
 def c_compiler() -> str | None:
@@ -136,24 +182,38 @@ def status() -> KernelStatus:
 @dataclass(frozen=True)
 class KernelUse:
     """What one loaded model runs: of its `nodes` GroupQueryAttention nodes, `moved` run
-    the engine's kernel; `kept` counts why the others keep ONNX Runtime's."""
+    the engine's kernel; `kept` counts why the others keep ONNX Runtime's. The same for its
+    `matmul_nodes` MatMulNBits nodes (`matmul_moved`, `matmul_kept`)."""
 
     status: KernelStatus
     nodes: int
     moved: int
     kept: Counter[str] = field(default_factory=Counter)
+    matmul_nodes: int = 0
+    matmul_moved: int = 0
+    matmul_kept: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         if not self.nodes:
-            return "no GroupQueryAttention in the graph: the engine kernel has nothing to run"
-        text = f"{self.moved} of {self.nodes} GroupQueryAttention nodes run the engine kernel"
-        if self.kept:
-            whys = [why if len(self.kept) == 1 else f"{why} ({n})"
-                    for why, n in self.kept.most_common()]
-            text += f"; ONNX Runtime runs the other {self.nodes - self.moved}: " + \
-                "; ".join(whys)
+            text = "no GroupQueryAttention in the graph: the engine kernel has nothing to run"
+        else:
+            text = f"{self.moved} of {self.nodes} GroupQueryAttention nodes run the engine " \
+                "kernel" + _others(self.nodes - self.moved, self.kept)
+        if self.matmul_nodes:
+            text += f"; {self.matmul_moved} of {self.matmul_nodes} MatMulNBits nodes run the " \
+                "engine kernel" + _others(self.matmul_nodes - self.matmul_moved,
+                                          self.matmul_kept)
         return text
 
     def as_dict(self) -> dict[str, object]:
         return {**self.status.as_dict(), "attention_nodes": self.nodes, "moved": self.moved,
-                "kept": dict(self.kept), "summary": self.line()}
+                "kept": dict(self.kept), "matmul_nodes": self.matmul_nodes,
+                "matmul_moved": self.matmul_moved, "matmul_kept": dict(self.matmul_kept),
+                "summary": self.line()}
+
+
+def _others(count: int, kept: Counter[str]) -> str:
+    if not kept:
+        return ""
+    whys = [why if len(kept) == 1 else f"{why} ({n})" for why, n in kept.most_common()]
+    return f"; ONNX Runtime runs the other {count}: " + "; ".join(whys)

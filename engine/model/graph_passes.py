@@ -52,6 +52,8 @@ class _Graph:
     inputs: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, list[int | str | None]] = field(default_factory=dict)
     initializers: set[str] = field(default_factory=set)
+    #: Each initializer's element type (TensorProto.DataType).
+    init_types: dict[str, int] = field(default_factory=dict)
     #: Small int64 initializers' values (shapes, axes), to check a Reshape keeps the rows.
     ints: dict[str, list[int]] = field(default_factory=dict)
 
@@ -70,8 +72,9 @@ def _read_graph(view: memoryview) -> _Graph:
         if number == 1:
             graph.nodes.append(_GraphNode(_node_io(r, value), start, r.pos))
         elif number == 5:
-            name, values = _small_ints(r, value)
+            name, values, elem = _small_ints(r, value)
             graph.initializers.add(name)
+            graph.init_types[name] = elem
             if values is not None:
                 graph.ints[name] = values
         elif number in (11, 12):
@@ -83,9 +86,9 @@ def _read_graph(view: memoryview) -> _Graph:
     return graph
 
 
-def _small_ints(r: _Reader, span: tuple[int, int]) -> tuple[str, list[int] | None]:
-    """A TensorProto's name, and its values when it is an int64 tensor of up to 8 held
-    inline as raw data."""
+def _small_ints(r: _Reader, span: tuple[int, int]) -> tuple[str, list[int] | None, int]:
+    """A TensorProto's name, its values when it is an int64 tensor of up to 8 held inline
+    as raw data, and its element type."""
     name, elem, raw = "", 0, None
     for n, w, v in r.sub(span).fields():
         if n == 8 and w == 2:
@@ -95,8 +98,8 @@ def _small_ints(r: _Reader, span: tuple[int, int]) -> tuple[str, list[int] | Non
         elif n == 9 and w == 2 and v[1] - v[0] <= 64:
             raw = bytes(r.buf[v[0]:v[1]])
     if elem != proto.INT64 or raw is None or len(raw) % 8:
-        return name, None
-    return name, np.frombuffer(raw, dtype="<i8").tolist()
+        return name, None, elem
+    return name, np.frombuffer(raw, dtype="<i8").tolist(), elem
 
 
 def _node_io(r: _Reader, span: tuple[int, int]) -> Node:

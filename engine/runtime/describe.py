@@ -23,7 +23,8 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
     declines = structural_declines(model.model_file, spec.decode_path)
     # what a load on the CPU would run for attention: the engine's kernel, or why not
     _, _, kernel_use = pruned_graph(model.model_file, spec, EngineConfig(prune_logits=False),
-                                    "cpu", model.graph.op_counts.get("GroupQueryAttention", 0))
+                                    "cpu", model.graph.op_counts.get("GroupQueryAttention", 0),
+                                    model.graph.op_counts.get("MatMulNBits", 0))
     eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
     heads = sorted({p.num_heads for p in spec.kv_pairs})
     dims = sorted({p.head_dim for p in spec.kv_pairs})

@@ -43,7 +43,8 @@ def load_draft_runner(path: str, target: Target, provider: str) -> DecodeRunner:
     # the draft catches up on the history in one run per proposal: its head for the last
     # row only, as the target's (engine.model.graph_passes)
     graph, spec, _ = pruned_graph(draft.model_file, spec, target.config, provider,
-                                  draft.graph.op_counts.get("GroupQueryAttention", 0))
+                                  draft.graph.op_counts.get("GroupQueryAttention", 0),
+                                  draft.graph.op_counts.get("MatMulNBits", 0))
     session, _ = make_session(draft.model_file, target.config, provider=provider,
                               graph=graph)
     context = min(draft.context_length, target.context_length)

@@ -19,6 +19,7 @@ from engine.errors import ModelLoadError, RuntimeSelectionError
 from engine.kernels import KernelUse
 from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention_moves
 from engine.model.io_spec import IOSpec
+from engine.model.matmul_pass import own_matmul_moves
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +163,13 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
 
 
 def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str,
-                 attention_nodes: int) -> tuple[bytes | None, IOSpec, KernelUse]:
+                 attention_nodes: int, matmul_nodes: int = 0
+                 ) -> tuple[bytes | None, IOSpec, KernelUse]:
     """The model rewritten at load for the CPU (engine.model.graph_passes): a prefill
     computes the logits it needs only, and GroupQueryAttention runs the engine's kernel
     (engine.kernels) where it was built; with the spec that binds the new input, and what
-    became of the graph's `attention_nodes` GroupQueryAttention nodes. (None, spec, ...)
+    became of the graph's `attention_nodes` GroupQueryAttention and `matmul_nodes`
+    MatMulNBits nodes (engine.model.matmul_pass). (None, spec, ...)
     when both are off or do not apply, or when a GPU provider may run it (the new input is
     a host tensor, untried inside a captured CUDA graph)."""
     status = kernels.status()
@@ -174,12 +177,12 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
     if names != ["CPUExecutionProvider"]:
         short = {v: k for k, v in _PROVIDER_NAMES.items()}.get(names[0], names[0])
         return None, spec, _kept(status, attention_nodes,
-                                 f"runs on {short}, the kernel is for the CPU")
+                                 f"runs on {short}, the kernel is for the CPU", matmul_nodes)
     own = config.own_kernels and status.ready
     if not own:
         why = "turned off by own_kernels=False" if not config.own_kernels \
             else _NOT_READY[status.state]
-        use = _kept(status, attention_nodes, why)
+        use = _kept(status, attention_nodes, why, matmul_nodes)
         if not config.prune_logits:
             return None, spec, use
     data = model_file.read_bytes()
@@ -191,9 +194,21 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
         graph = moved or graph
         use = KernelUse(status, nodes, nodes - sum(kept.values()), kept) if nodes or not kept \
             else _kept(status, attention_nodes, next(iter(kept)))  # the graph was unreadable
+        slow = kernels.matmul_slow_reason() if kernels.matmul_on() else None
+        if kernels.matmul_on() and slow is None:
+            moved, nodes, kept = own_matmul_moves(graph if graph is not None else data,
+                                                  eight_bit=kernels.matmul_eight_bit(),
+                                                  fp32=kernels.matmul_fp32_fast())
+            graph = moved or graph
+            nodes = nodes if nodes or not kept else matmul_nodes
+        else:
+            nodes, kept = matmul_nodes, Counter({slow or _MATMUL_OFF: matmul_nodes})
+        use = dataclasses.replace(use, matmul_nodes=nodes, matmul_kept=kept,
+                                  matmul_moved=nodes - sum(kept.values()) if nodes else 0)
     return graph, spec, use
 
 
+_MATMUL_OFF = f"turned off by {kernels.MATMUL_ENV}=0"
 _NOT_READY = {"off": "turned off by ONNX_GENAI_KERNELS=0", "not built": "the kernel is not built",
               "cannot load": "the kernel cannot be loaded"}
 
@@ -206,5 +221,6 @@ def log_kernel_use(model: str, use: KernelUse) -> None:
             use.line(), use.status.line())
 
 
-def _kept(status: kernels.KernelStatus, nodes: int, why: str) -> KernelUse:
-    return KernelUse(status, nodes, 0, Counter({why: nodes}) if nodes else Counter())
+def _kept(status: kernels.KernelStatus, nodes: int, why: str, matmuls: int = 0) -> KernelUse:
+    return KernelUse(status, nodes, 0, Counter({why: nodes}) if nodes else Counter(),
+                     matmuls, 0, Counter({why: matmuls}) if matmuls else Counter())
