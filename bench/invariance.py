@@ -20,6 +20,8 @@ first log-probability whose bits differ). Prompts are this repository's own text
         [--model NAME=DIR ...] [--paths repeat,batch4,...] [--new 48]
 
 Writes bench/out/invariance.json and prints the matrix (rows: paths; columns: models).
+``bench.same_answer`` is its companion for models built in code (forged int4 layouts and
+GGUF quantizations), with columns per kernel choice (the engine's, ONNX Runtime's).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ each in a fresh process:
 Models: the built-in one (the builder's int4, blocks of 32, accuracy 4); forged int4 exports
 in blocks of 32 and 128 at accuracy 4 and 0 (tests.forge, random weights) and their fp32
 source; GGUF imports of tiny random Q4_0 / Q4_1 / Q4_K / Q8_0 files
-(tests.engine.model.gguf_forge) with ``--compute int8`` and ``fp32``.
+(tests.engine.model.gguf_forge) with ``--compute int8`` and ``fp32``. ``bench.invariance``
+runs real model folders along every path (batches and speculation too).
 """
 
 from __future__ import annotations
