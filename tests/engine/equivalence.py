@@ -2,19 +2,22 @@
 (docs/kv-and-scheduling.md, "Scheduler"; docs/speculative.md):
 
 - fp32 graphs: the same tokens, always (the tests compare them exactly).
-- int4 ``MatMulNBits`` graphs: ONNX Runtime may take another kernel for a step of several
-  rows (a batch, a verify pass) than for one row, and int4 rounding then moves a token's
-  log-probability a little (up to ~0.2 measured on the forged int4 models). The tokens are
-  the solo ones up to the first step where the solo run's best two were that close; there
-  the other run took a token the solo run found almost as likely, and the two answers go
-  on as two greedy continuations.
+- int4 ``MatMulNBits`` graphs on the engine's kernels (engine/kernels: every attention and
+  4-bit matmul node moved, :func:`exact_paths`): the same tokens and log-probabilities, bit
+  for bit, as each row is computed the same way whatever the rows beside it.
+- int4 graphs on ONNX Runtime's kernels (turned off, not built, a GPU): ONNX Runtime may
+  take another kernel for a step of several rows (a batch, a verify pass) than for one row,
+  and int4 rounding then moves a token's log-probability a little (up to ~0.2 measured on
+  the forged int4 models). The tokens are the solo ones up to the first step where the solo
+  run's best two were that close; there the other run took a token the solo run found
+  almost as likely, and the two answers go on as two greedy continuations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine import GenerateResult
+from engine import Engine, GenerateResult
 from engine.generation.sampling import TokenLogprob
 
 #: The most a token's log-probability may move between a batched or verified step and the
@@ -23,6 +26,14 @@ INT4_NOISE = 0.5
 #: Solo's best token and the one taken instead are at most this far apart (log-probability)
 #: where an int4 answer leaves the solo one: twice the noise, a near-tie.
 NEAR_TIE = 2 * INT4_NOISE
+
+
+def exact_paths(engine: Engine) -> bool:
+    """Whether every GroupQueryAttention and MatMulNBits node of `engine` runs the engine's
+    kernels: then a batched or verified step gives each row the bits of a solo step."""
+    use = engine.kernel_use
+    return use is not None and use.status.ready and use.moved == use.nodes \
+        and use.matmul_moved == use.matmul_nodes
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
