@@ -1,8 +1,9 @@
 """Operators of the engine's own for ONNX Runtime's CPU provider, built from C at install.
 
 `decode_attention.c` is GroupQueryAttention with decode steps and prefill chunks of its own,
-a token's output the same bits on either (why and how, in the file).
-setuptools compiles it as an optional extension (setup.py) to `decode_attention.ortops`;
+`matmul_nbits.c` a 4-bit MatMulNBits: each row's output the same bits however many rows
+run together (why and how, in the files). setuptools compiles both as one optional
+extension (setup.py) to `decode_attention.ortops`;
 ONNX Runtime loads it with `SessionOptions.register_custom_ops_library`, Python never
 imports it. Where it was not built (no C compiler at install), `library()` is None and
 graphs keep ONNX Runtime's kernels. `status()` says which of these holds, and why;
@@ -125,13 +126,13 @@ class KernelStatus:
 
     def line(self) -> str:
         """One line for a log, a start-up banner or a bug report."""
-        head = {"avx2+fma": "the engine kernel for decode attention is ready (AVX2+FMA)",
-                "portable": "the engine kernel for decode attention is ready (portable C, "
+        head = {"avx2+fma": "the engine kernels are ready (AVX2+FMA)",
+                "portable": "the engine kernels are ready (portable C, "
                             "no AVX2)",
-                "built": "the engine kernel for decode attention is ready",
-                "off": "the engine kernel for decode attention is turned off",
-                "not built": "the engine kernel for decode attention is not built",
-                "cannot load": "the engine kernel for decode attention cannot be loaded",
+                "built": "the engine kernels are ready",
+                "off": "the engine kernels are turned off",
+                "not built": "the engine kernels are not built",
+                "cannot load": "the engine kernels cannot be loaded",
                 }[self.state]
         text = head + (f": {self.reason}" if self.reason else "")
         return text + (f"; {self.fix}" if self.fix else "")
@@ -152,14 +153,14 @@ def status() -> KernelStatus:
     if not path.is_file():
         if compiler is None:
             reason = (f"no {path.name} in {path.parent} and no C compiler on PATH to build "
-                      "it (ONNX Runtime's attention kernel runs instead, slower at long "
-                      "prompts)")
+                      "it (ONNX Runtime's kernels run instead: slower, and an answer may change "
+                      "with the path it takes)")
             fix = ("install a C compiler (Debian/Ubuntu: sudo apt-get install gcc; Fedora: "
                    "sudo dnf install gcc; macOS: xcode-select --install; Windows: the "
                    "Microsoft C++ Build Tools), then " + _REINSTALL)
         else:
-            reason = (f"no {path.name} in {path.parent} (ONNX Runtime's attention kernel "
-                      f"runs instead); a C compiler is on PATH now: {compiler}")
+            reason = (f"no {path.name} in {path.parent} (ONNX Runtime's kernels run "
+                      f"instead); a C compiler is on PATH now: {compiler}")
             fix = _REINSTALL + "; if it is still not built, pip install -v shows why"
         return KernelStatus("not built", None, reason, compiler, fix)
     try:

@@ -92,8 +92,8 @@ def test_about_says_whether_the_engines_kernel_is_in_use_and_why_not(qtbot, path
     monkeypatch.setenv(kernels.LIBRARY_ENV, str(tmp_path / "absent.ortops"))
     text = _open_about(qtbot, paths)
     assert "Engine kernels: not built" in text
-    assert f"decode attention is not built: no absent.ortops in {tmp_path}" in text
+    assert f"kernels are not built: no absent.ortops in {tmp_path}" in text
     assert "re-run the install" in text
     monkeypatch.setenv(kernels.ENV, "0")
-    assert "Engine kernels: off — the engine kernel for decode attention is turned off: " \
+    assert "Engine kernels: off — the engine kernels are turned off: " \
         "ONNX_GENAI_KERNELS=0" in _open_about(qtbot, paths)

@@ -1,4 +1,4 @@
-"""``./scripts/setup`` says what the engine loads for decode attention after its pip install
+"""``./scripts/setup`` says what the engine loads for attention and 4-bit matmuls after its pip install
 (the line of ``python -m engine.kernels``): its own kernel, or why not and the fix.
 
 The script is sourced from a copy in a temporary folder, so only its functions are defined
@@ -52,7 +52,7 @@ def _report(tmp_path: Path, *, tools: list[str] | None = None, **env: str) -> li
 def test_a_built_kernel_is_reported_ready_not_missing(tmp_path):
     lines = _report(tmp_path)
     assert len(lines) == 1
-    assert lines[0].startswith("setup: the engine kernel for decode attention is ready (")
+    assert lines[0].startswith("setup: the engine kernels are ready (")
     assert "no C compiler" not in lines[0]
 
 
@@ -60,7 +60,7 @@ def test_a_missing_kernel_is_reported_with_the_compiler_on_path(tmp_path):
     lines = _report(tmp_path, tools=["gcc"],
                     ONNX_GENAI_KERNELS_LIBRARY=str(tmp_path / "absent.ortops"))
     assert len(lines) == 1
-    assert lines[0].startswith("setup: the engine kernel for decode attention is not built: "
+    assert lines[0].startswith("setup: the engine kernels are not built: "
                                f"no absent.ortops in {tmp_path}")
     assert f"a C compiler is on PATH now: {tmp_path / 'bin' / 'gcc'}" in lines[0]
 
@@ -74,6 +74,6 @@ def test_a_missing_kernel_without_a_compiler_says_to_install_one(tmp_path):
 
 def test_a_kernel_turned_off_is_reported_off(tmp_path):
     lines = _report(tmp_path, ONNX_GENAI_KERNELS="0")
-    assert lines == ["setup: the engine kernel for decode attention is turned off: "
+    assert lines == ["setup: the engine kernels are turned off: "
                      "ONNX_GENAI_KERNELS=0 in the environment; unset ONNX_GENAI_KERNELS to "
                      "turn it on"]

@@ -37,7 +37,7 @@ def test_a_built_kernel_says_which_code_it_runs(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "portable")
     forced = kernels.status()
     assert forced.state == "portable" and forced.reason == "ONNX_GENAI_KERNELS=portable"
-    assert forced.line() == ("the engine kernel for decode attention is ready (portable C, no "
+    assert forced.line() == ("the engine kernels are ready (portable C, no "
                              "AVX2): ONNX_GENAI_KERNELS=portable")
 
 
@@ -66,7 +66,7 @@ def test_turned_off_by_the_variable(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "0")
     off = kernels.status()
     assert off.state == "off" and not off.ready
-    assert off.line() == ("the engine kernel for decode attention is turned off: "
+    assert off.line() == ("the engine kernels are turned off: "
                           "ONNX_GENAI_KERNELS=0 in the environment; unset ONNX_GENAI_KERNELS "
                           "to turn it on")
 
@@ -86,7 +86,7 @@ def test_the_command_prints_the_status_and_exits_1_when_not_ready(tmp_path):
     missing = str(tmp_path / "decode_attention.ortops")
     not_built = _cli(env={kernels.LIBRARY_ENV: missing})
     assert not_built.returncode == 1, not_built.stderr
-    assert not_built.stdout.startswith("the engine kernel for decode attention is not built: "
+    assert not_built.stdout.startswith("the engine kernels are not built: "
                                        f"no decode_attention.ortops in {tmp_path}")
     off = _cli("--json", env={kernels.ENV: "0"})
     report = json.loads(off.stdout)
@@ -98,7 +98,7 @@ def test_the_command_prints_the_status_and_exits_1_when_not_ready(tmp_path):
 def test_the_command_says_ready_when_built():
     ready = _cli()
     assert ready.returncode == 0, ready.stderr
-    assert ready.stdout.startswith("the engine kernel for decode attention is ready (")
+    assert ready.stdout.startswith("the engine kernels are ready (")
 
 
 @pytest.mark.parametrize(("graph", "why"), [

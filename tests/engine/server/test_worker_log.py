@@ -49,7 +49,7 @@ def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp
     text = log_file.read_text(encoding="utf-8")
     assert ready["model"] in text and "provider cpu" in text and "1 threads" in text
     assert "limits: queue" in text
-    assert "kernels: the engine kernel for decode attention is" in text
+    assert "kernels: the engine kernels are" in text
     assert any("[editor-42]" in line and "POST /v1/completions 200" in line
                for line in text.splitlines())
     assert any(f"[{fresh}]" in line and "GET /v1/models 200" in line
@@ -68,7 +68,7 @@ def test_the_start_up_lines_say_the_kernel_is_not_built_and_what_runs(model_dir:
     stderr = _stop(proc)
     assert "attention: 0 of 2 GroupQueryAttention nodes run the engine kernel; ONNX " \
         "Runtime runs the other 2: the kernel is not built" in stderr
-    assert "kernels: the engine kernel for decode attention is not built: no absent.ortops " \
+    assert "kernels: the engine kernels are not built: no absent.ortops " \
         f"in {tmp_path}" in stderr
     assert "re-run the install" in stderr
 
