@@ -1,5 +1,5 @@
-"""``./scripts/setup`` says what the engine loads for attention and 4-bit matmuls after its pip install
-(the line of ``python -m engine.kernels``): its own kernel, or why not and the fix.
+"""``./scripts/setup`` says what the engine loads for attention and 4-bit matmuls after
+its pip install (the line of ``python -m engine.kernels``): its own kernel, or why not and the fix.
 
 The script is sourced from a copy in a temporary folder, so only its functions are defined
 (it installs nothing here), and its ``report_kernels`` runs with this checkout's engine.
