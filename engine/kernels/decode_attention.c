@@ -552,15 +552,8 @@ typedef struct Tensor {
 } Tensor;
 
 static OrtStatus* describe(const OrtValue* value, Tensor* t) {
-  OrtTensorTypeAndShapeInfo* info = NULL;
-  TRY(API(GetTensorTypeAndShape)(value, &info));
-  OrtStatus* status = API(GetDimensionsCount)(info, &t->rank);
-  if (status == NULL && t->rank > 4) status = fail("GroupQueryAttention: tensor of rank above 4");
-  if (status == NULL) status = API(GetDimensions)(info, t->dims, t->rank);
-  if (status == NULL) status = API(GetTensorElementType)(info, &t->elem);
-  API(ReleaseTensorTypeAndShapeInfo)(info);
-  if (status == NULL) status = API(GetTensorMutableData)((OrtValue*)value, (void**)&t->data);
-  return status;
+  return tensor_info(value, (void**)&t->data, &t->elem, t->dims, 4, &t->rank,
+                     "GroupQueryAttention: tensor of rank above 4");
 }
 
 static int64_t read_scalar(const OrtValue* value) {

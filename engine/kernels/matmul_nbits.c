@@ -583,17 +583,11 @@ typedef struct Input {
 } Input;
 
 static OrtStatus* mm_describe(const OrtValue* value, Input* t) {
-  OrtTensorTypeAndShapeInfo* info = NULL;
-  TRY(API(GetTensorTypeAndShape)(value, &info));
-  OrtStatus* status = API(GetDimensionsCount)(info, &t->rank);
-  if (status == NULL && t->rank > 8) status = fail("MatMulNBits (engine.kernels): tensor of rank above 8");
-  if (status == NULL) status = API(GetDimensions)(info, t->dims, t->rank);
-  if (status == NULL) status = API(GetTensorElementType)(info, &t->elem);
-  API(ReleaseTensorTypeAndShapeInfo)(info);
-  if (status == NULL) status = API(GetTensorMutableData)((OrtValue*)value, &t->data);
+  TRY(tensor_info(value, &t->data, &t->elem, t->dims, 8, &t->rank,
+                  "MatMulNBits (engine.kernels): tensor of rank above 8"));
   t->count = 1;
   for (size_t i = 0; i < t->rank; ++i) t->count *= t->dims[i];
-  return status;
+  return NULL;
 }
 
 /* The weights in the kernel's order, made once (the first run; a run beside it waits). */

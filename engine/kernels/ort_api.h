@@ -122,6 +122,21 @@ extern const OrtFn* g_api; /* set by RegisterCustomOps (decode_attention.c) */
 
 static inline OrtStatus* fail(const char* message) { return API(CreateStatus)(ORT_INVALID_ARGUMENT, message); }
 
+/* A tensor's data, element type and shape (at most `max_rank` dimensions into `dims`;
+   `too_many` is the error for more). */
+static inline OrtStatus* tensor_info(const OrtValue* value, void** data, int* elem, int64_t* dims,
+                                     size_t max_rank, size_t* rank, const char* too_many) {
+  OrtTensorTypeAndShapeInfo* info = NULL;
+  TRY(API(GetTensorTypeAndShape)(value, &info));
+  OrtStatus* status = API(GetDimensionsCount)(info, rank);
+  if (status == NULL && *rank > max_rank) status = fail(too_many);
+  if (status == NULL) status = API(GetDimensions)(info, dims, *rank);
+  if (status == NULL) status = API(GetTensorElementType)(info, elem);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  if (status == NULL) status = API(GetTensorMutableData)((OrtValue*)value, data);
+  return status;
+}
+
 /* The OrtCustomOp table, in its member order (OP_VERSION of the struct). */
 typedef struct CustomOp {
   uint32_t version;

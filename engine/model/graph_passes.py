@@ -321,9 +321,29 @@ def own_attention_moves(data: bytes) -> tuple[bytes | None, int, Counter[str]]:
     return _with_graph(view, bytes(out), opset), nodes, kept
 
 
-def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, int]
-                        ) -> bytes | str:
-    """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
+@dataclass
+class _NodeParts:
+    """A node's inputs and outputs (trailing empty names dropped), its domain, its
+    attributes by name (an integer attribute's value, else None) and `kept`: the bytes of
+    every field but those three, as they were."""
+
+    inputs: list[str]
+    outputs: list[str]
+    domain: str
+    attributes: dict[str, int | None]
+    kept: bytes
+
+    def rebuilt(self, inputs: list[str], outputs: list[str]) -> bytes:
+        """The node with these inputs and outputs, in the engine's kernel domain."""
+        node = bytearray()
+        node += b"".join(proto._str(1, i) for i in inputs)
+        node += b"".join(proto._str(2, o) for o in outputs)
+        node += self.kept
+        node += proto._str(7, KERNEL_DOMAIN)
+        return bytes(node)
+
+
+def _node_parts(view: memoryview, g: _GraphNode) -> _NodeParts:
     r = _Reader(view, g.start, g.end)
     r.varint()  # the node field's key
     length = r.varint()
@@ -331,6 +351,7 @@ def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, 
     inputs: list[str] = []
     outputs: list[str] = []
     domain = ""
+    attributes: dict[str, int | None] = {}
     kept = bytearray()
     for number, wire, value in body.fields():
         raw = view[body.field_start:body.pos]
@@ -342,15 +363,29 @@ def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, 
             domain = body.text(value)
         else:
             if number == 5 and wire == 2:
-                name = next((body.text(v) for n, w, v in body.sub(value).fields()
-                             if n == 1 and w == 2), "")
-                if name not in _GQA_ATTRIBUTES:
-                    return f"attribute {name or '(unnamed)'} not handled"
+                name, integer = "", None
+                for n, w, v in body.sub(value).fields():
+                    if n == 1 and w == 2:
+                        name = body.text(v)
+                    elif n == 3 and w == 0:
+                        integer = v
+                attributes[name] = integer
             kept += raw
     while inputs and not inputs[-1]:
         inputs.pop()
     while outputs and not outputs[-1]:
         outputs.pop()
+    return _NodeParts(inputs, outputs, domain, attributes, bytes(kept))
+
+
+def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, int]
+                        ) -> bytes | str:
+    """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
+    parts = _node_parts(view, g)
+    inputs, outputs, domain = parts.inputs, parts.outputs, parts.domain
+    for name in parts.attributes:
+        if name not in _GQA_ATTRIBUTES:
+            return f"attribute {name or '(unnamed)'} not handled"
     if domain != "com.microsoft":
         return f"operator of domain {domain or 'ai.onnx'}"
     if len(inputs) > _GQA_INPUTS or len(outputs) > _GQA_OUTPUTS:
@@ -361,9 +396,4 @@ def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, 
         return "fp16 KV cache"
     if cache != proto.FLOAT:
         return "KV cache not a float32 graph input"
-    node = bytearray()
-    node += b"".join(proto._str(1, i) for i in inputs)
-    node += b"".join(proto._str(2, o) for o in outputs)
-    node += kept
-    node += proto._str(7, KERNEL_DOMAIN)
-    return bytes(node)
+    return parts.rebuilt(inputs, outputs)

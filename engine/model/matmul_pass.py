@@ -22,6 +22,7 @@ from engine.model.graph_passes import (
     _dynamic,
     _Graph,
     _GraphNode,
+    _node_parts,
     _parse,
     _Reader,
     _with_graph,
@@ -207,38 +208,12 @@ def _own_matmul_node(view: memoryview, g: _GraphNode, dynamic: set[str],
                      types: dict[str, int], half: bool, fused: _Fusion | None = None
                      ) -> bytes | str:
     """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
-    r = _Reader(view, g.start, g.end)
-    r.varint()  # the node field's key
-    length = r.varint()
-    body = _Reader(view, r.pos, r.pos + length)
-    inputs: list[str] = []
-    outputs: list[str] = []
-    domain = ""
-    ints: dict[str, int] = {}
-    kept = bytearray()
-    for number, wire, value in body.fields():
-        raw = view[body.field_start:body.pos]
-        if number == 1 and wire == 2:
-            inputs.append(body.text(value))
-        elif number == 2 and wire == 2:
-            outputs.append(body.text(value))
-        elif number == 7 and wire == 2:
-            domain = body.text(value)
-        else:
-            if number == 5 and wire == 2:
-                name, integer = "", None
-                for n, w, v in body.sub(value).fields():
-                    if n == 1 and w == 2:
-                        name = body.text(v)
-                    elif n == 3 and w == 0:
-                        integer = v
-                if name not in _ATTRIBUTES:
-                    return f"attribute {name or '(unnamed)'} not handled"
-                if integer is not None:
-                    ints[name] = integer
-            kept += raw
-    while inputs and not inputs[-1]:
-        inputs.pop()
+    parts = _node_parts(view, g)
+    inputs, outputs, domain = parts.inputs, parts.outputs, parts.domain
+    for name in parts.attributes:
+        if name not in _ATTRIBUTES:
+            return f"attribute {name or '(unnamed)'} not handled"
+    ints = {name: v for name, v in parts.attributes.items() if v is not None}
     if domain != "com.microsoft":
         return f"operator of domain {domain or 'ai.onnx'}"
     why = _not_covered(inputs, ints, dynamic, types, half)
@@ -249,12 +224,7 @@ def _own_matmul_node(view: memoryview, g: _GraphNode, dynamic: set[str],
     if fused is not None:  # offsets go in as the seventh input, the Add's output out
         inputs = inputs + [""] * (_INPUTS - len(inputs)) + [fused.offsets]
         outputs = [fused.output]
-    node = bytearray()
-    node += b"".join(proto._str(1, i) for i in inputs)
-    node += b"".join(proto._str(2, o) for o in outputs)
-    node += kept
-    node += proto._str(7, KERNEL_DOMAIN)
-    return bytes(node)
+    return parts.rebuilt(inputs, outputs)
 
 
 def _not_covered(inputs: list[str], ints: dict[str, int], dynamic: set[str],
