@@ -79,12 +79,13 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--provider", choices=PROVIDERS, default="auto",
                      help="where the model runs; auto takes a GPU when there is one and the "
                      "model fits (default auto)")
-    gen.add_argument("--speculative", choices=("none", "prompt_lookup", "draft_model", "mtp"),
-                     default="none",
+    gen.add_argument("--speculative",
+                     choices=("auto", "none", "prompt_lookup", "draft_model", "mtp"),
+                     default="auto",
                      help="greedy only: guess tokens and verify them in one pass; the same "
-                     "text, faster (on int4 models it can differ at a near-tie: "
-                     "docs/speculative.md) "
-                     "(default none)")
+                     "text, faster where the text repeats; auto: prompt lookup where the "
+                     "engine's kernels keep the text exactly the same (docs/speculative.md) "
+                     "(default auto)")
     gen.add_argument("--draft-model", metavar="FOLDER",
                      help="draft model folder for --speculative draft_model (default: none)")
     gen.add_argument("--truncate-prompt", action="store_true",

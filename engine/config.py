@@ -83,20 +83,23 @@ class GenerateOptions:
     truncate_prompt: bool = False
     #: "prompt_lookup": guess tokens from the prompt and output, verify them in one pass;
     #: "draft_model": guesses of EngineConfig.draft_model; "mtp": the model's declared MTP
-    #: head. Runs only where it cannot change the output (greedy, no processors, no
-    #: logprobs, no custom sampler). Off by default. With the engine's kernels on the CPU
-    #: (engine/kernels) a verify pass computes each row's logits exactly as a single step;
-    #: with ONNX Runtime's (ONNX_GENAI_KERNELS=0, a GPU) int4 MatMulNBits graphs can give
-    #: slightly different logits, so the output can leave plain greedy's at a near-tie
-    #: (bench/README.md has the numbers).
-    speculative_mode: str = "none"
+    #: head; "auto" (the default): prompt lookup where the output stays plain greedy's bit
+    #: for bit (every attention and 4-bit matmul node on the engine's kernels,
+    #: Engine.exact_paths) and only while the request runs alone (a batched step is a
+    #: plain step), pausing after guesses that fail (docs/speculative.md). Every mode runs
+    #: only where it cannot change the output (greedy, no processors, no logprobs, no
+    #: custom sampler); with ONNX Runtime's kernels (ONNX_GENAI_KERNELS=0, a GPU) an
+    #: explicit mode on int4 MatMulNBits graphs can leave plain greedy's at a near-tie.
+    speculative_mode: str = "auto"
     num_speculative_tokens: int = 4
     speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
-        if self.speculative_mode not in ("none", "prompt_lookup", "draft_model", "mtp"):
-            raise InvalidOptionError("speculative_mode", "expected 'none', 'prompt_lookup', "
-                                     f"'draft_model' or 'mtp', got {self.speculative_mode!r}",
+        if self.speculative_mode not in ("auto", "none", "prompt_lookup", "draft_model",
+                                         "mtp"):
+            raise InvalidOptionError("speculative_mode", "expected 'auto', 'none', "
+                                     "'prompt_lookup', 'draft_model' or 'mtp', got "
+                                     f"{self.speculative_mode!r}",
                                      hint="use 'prompt_lookup' for code edits")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1,
                    hint="e.g. 4")

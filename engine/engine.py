@@ -161,6 +161,15 @@ class Engine:
         return engine
 
     @property
+    def exact_paths(self) -> bool:
+        """Whether every GroupQueryAttention and MatMulNBits node runs the engine's kernels:
+        then a step of several rows (a batch, a prefill chunk, a verify pass) gives each
+        row the bits of a one-row step, and an answer does not depend on its path."""
+        use = self.kernel_use  # attention in other operators than GroupQueryAttention: no
+        return use is not None and use.status.ready and 0 < use.moved == use.nodes \
+            and use.matmul_moved == use.matmul_nodes
+
+    @property
     def huge_pages(self) -> HugePageReport | None:
         """What the load did for transparent huge pages; None when not asked, not on the
         CPU, or still running (see wait_huge_pages)."""
@@ -304,7 +313,7 @@ class Engine:
                          chunk_size=self.config.prefill_chunk_size, cached=cached,
                          cancel=cancel, started=started, reserve=total,
                          grow=functools.partial(grow_reservation, self),
-                         grow_step=self.config.kv_grow_tokens)
+                         grow_step=self.config.kv_grow_tokens, exact=self.exact_paths)
         run.cached -= self.reuse.computed  # gaps between shifted runs were computed
         run.clock.prefill_tokens += self.reuse.computed
         self._report_kv()  # the runner reserved its KV: the budget sees it now

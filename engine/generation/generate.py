@@ -82,7 +82,7 @@ class TokenSequence:
                  draft_runner: DecodeRunner | None = None,
                  mtp_head: MtpHead | None = None, reserve: int | None = None,
                  grow: Callable[[DecodeRunner, int], bool] | None = None,
-                 grow_step: int = 64) -> None:
+                 grow_step: int = 64, exact: bool = False) -> None:
         assert runner.length == cached < len(prompt_ids), "the runner must hold the prefix"
         self.runner = runner
         self.options = options
@@ -116,9 +116,14 @@ class TokenSequence:
         self.speculation: SpeculativeStats | None = None
         #: The MTP proposer, which needs the hidden state behind each pending token.
         self._mtp: MtpProposer | None = None
-        if (options.speculative_mode != "none" and self._fast_greedy
-                and not runner.spec.logits_last_only):
-            self._proposer = make_proposer(options, draft_runner, mtp_head)
+        # "auto": prompt lookup where a verify pass gives each row a single step's bits
+        # (`exact`: the engine's kernels run every node), in steps this sequence runs alone
+        self._auto = options.speculative_mode == "auto"
+        mode = ("prompt_lookup" if exact else "none") if self._auto else options.speculative_mode
+        #: Auto mode's pause after failed guesses: steps left, and the pause's length.
+        self._wait = self._pause = 0
+        if mode != "none" and self._fast_greedy and not runner.spec.logits_last_only:
+            self._proposer = make_proposer(options, draft_runner, mtp_head, mode)
             if isinstance(self._proposer, MtpProposer):
                 self._mtp = self._proposer
             self._k = AdaptiveK(options.num_speculative_tokens, 16)
@@ -140,8 +145,9 @@ class TokenSequence:
 
     @property
     def batchable(self) -> bool:
-        """One token per step (speculating sequences verify several alone)."""
-        return self.speculation is None
+        """One token per step (speculating sequences verify several alone; in auto mode a
+        batched step is a plain step, and the sequence speculates when it runs alone)."""
+        return self.speculation is None or self._auto
 
     def decode(self) -> list[StepOutput]:
         """Feed `pending` on this sequence's runner alone: the next token, or several when
@@ -163,6 +169,9 @@ class TokenSequence:
         budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total,
                      self.reserved - self._total + 1)  # guesses stay within the reservation
         k = min(self._k.k, budget - 1)
+        if self._wait:  # auto mode, after failed guesses: plain steps for a while
+            self._wait -= 1
+            return []
         history = [*self._context.prompt_ids, *self._context.generated_ids]
         started = time.perf_counter()
         draft = self._proposer.propose(history, k)
@@ -180,6 +189,10 @@ class TokenSequence:
         stats.forwards += 1
         stats.tokens += len(tokens)
         self._k.update(len(draft), len(tokens) - 1)
+        if self._auto:  # a failed guess cost a wider pass: wait 1, 2, 4 ... 32 steps
+            failed = 2 * (len(tokens) - 1) < len(draft)
+            self._pause = min(2 * self._pause or 1, 32) if failed else 0
+            self._wait = self._pause
         return [self._record(token, None) for token in tokens]
 
     def _track_hidden(self, row: int) -> None:
@@ -233,9 +246,10 @@ class TokenSequence:
 
 
 def make_proposer(options: GenerateOptions, draft_runner: DecodeRunner | None,
-                  mtp_head: MtpHead | None) -> Proposer:
-    """The proposer `options.speculative_mode` asks for; an error when the engine lacks it."""
-    mode = options.speculative_mode
+                  mtp_head: MtpHead | None, mode: str | None = None) -> Proposer:
+    """The proposer `mode` (default `options.speculative_mode`) asks for; an error when the
+    engine lacks it."""
+    mode = mode or options.speculative_mode
     if mode == "prompt_lookup":
         return PromptLookup(options.speculative_ngram, 16)
     if mode == "draft_model" and draft_runner is not None:

@@ -33,7 +33,7 @@ class RequestRun:
                  dropped: int = 0, draft_runner: DecodeRunner | None = None,
                  mtp_head: MtpHead | None = None, reserve: int | None = None,
                  grow: Callable[[DecodeRunner, int], bool] | None = None,
-                 grow_step: int = 64) -> None:
+                 grow_step: int = 64, exact: bool = False) -> None:
         options = request.options
         self.request = request
         self.prompt = prompt
@@ -56,7 +56,7 @@ class RequestRun:
             runner, prompt, options, max_total=max_total, cached=cached, chunk_size=chunk_size,
             stop_token_ids=[*eos, *single] if options.stop_on_eos else single,
             clock=self.clock, constraint=self._constraint, draft_runner=draft_runner,
-            mtp_head=mtp_head, reserve=reserve, grow=grow, grow_step=grow_step,
+            mtp_head=mtp_head, reserve=reserve, grow=grow, grow_step=grow_step, exact=exact,
             sampler=None if request.sampler is None else CustomSamplerCall(request.sampler,
                                                                            prompt))
         #: Every token the model produced, EOS included.

@@ -31,9 +31,7 @@ NEAR_TIE = 2 * INT4_NOISE
 def exact_paths(engine: Engine) -> bool:
     """Whether every GroupQueryAttention and MatMulNBits node of `engine` runs the engine's
     kernels: then a batched or verified step gives each row the bits of a solo step."""
-    use = engine.kernel_use
-    return use is not None and use.status.ready and use.moved == use.nodes \
-        and use.matmul_moved == use.matmul_nodes
+    return engine.exact_paths
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -109,12 +109,19 @@ def test_mtp_runs_beside_other_requests_in_the_scheduler(folder):
     assert boxes["mtp"][-1].result.token_ids == boxes["none"][-1].result.token_ids == plain
 
 
-def test_speculation_stays_off_unless_asked_for(folder):
-    """Unlike the seed, a loaded head (or draft) is not adopted by default: on int4 graphs a
-    verify pass can change the output (bench/README.md), so speculation is opt-in."""
+def test_a_loaded_head_runs_only_when_asked_for(folder):
+    """Unlike the seed, a loaded head (or draft) is not adopted by default: the default
+    ("auto") guesses by prompt lookup only, exactly as asking for prompt lookup does."""
     engine = _load(folder, _head_block("random.onnx", embedding_weights="embed.f32"))
     assert engine.mtp_head is not None
-    assert GenerateOptions().speculative_mode == "none"
-    result = engine.generate(GenerateRequest(token_ids=tuple(PROMPT),
-                                             options=GenerateOptions(temperature=0.0)))
-    assert result.speculation is None
+    assert GenerateOptions().speculative_mode == "auto"
+
+    def stats(**fields: object) -> tuple[int, int, int] | None:
+        result = engine.generate(GenerateRequest(token_ids=tuple(PROMPT), options=(
+            GenerateOptions(temperature=0.0, max_new_tokens=24, stop_on_eos=False, **fields))))
+        s = result.speculation
+        return None if s is None else (s.proposed, s.accepted, s.forwards)
+
+    head = stats(speculative_mode="mtp")
+    assert head is not None and head[0] > 0  # the head guesses when asked
+    assert stats() != head

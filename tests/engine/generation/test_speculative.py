@@ -275,3 +275,60 @@ def test_int4_speculation_follows_plain_greedy_up_to_a_near_tie(int4_model_dir,
     if exact_paths(engine):
         assert parted == [None] * len(parted)
     print(f"int4 {mode} answers parting from plain greedy at:", parted)
+
+
+@pytest.fixture(scope="module")
+def exact_engine(int4_model_dir):
+    engine = Engine.load(int4_model_dir, EngineConfig(intra_op_threads=1, max_batch=2))
+    if not exact_paths(engine):
+        pytest.skip("the engine's kernels do not run every node here (not built?)")
+    return engine
+
+
+def test_by_default_greedy_answers_guess_by_prompt_lookup_and_stay_plain_greedys(
+        genai_model_dir):
+    """The default ("auto") speculates where a verify pass gives each row a single step's
+    bits (the engine's kernels run every node): the answer is the plain one, in fewer
+    passes where the prompt holds what it writes."""
+    engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=1))
+    if not exact_paths(engine):
+        pytest.skip("the engine's kernels do not run every node here (not built?)")
+    plain = _run(engine, PATTERN, "none", n=24)
+    auto = _run(engine, PATTERN, "auto", n=24)
+    assert auto.token_ids == plain.token_ids and plain.speculation is None
+    assert auto.speculation is not None and auto.speculation.accepted > 0
+    assert auto.speculation.forwards < len(auto.token_ids) - 1
+
+
+def test_auto_pauses_after_failed_guesses(exact_engine):
+    """Guesses that keep failing cost a wider pass each: the default waits 1, 2, 4 ... steps
+    after each failure, explicit prompt lookup does not; both answer as plain greedy (int4,
+    blocks of 128: the engine's MatMulNBits)."""
+    rng = np.random.default_rng(2024)
+    auto_proposed = lookup_proposed = 0
+    for _ in range(6):
+        q = rng.integers(1, 2000, size=int(rng.integers(3, 10))).tolist()
+        prompt = [*q, *_run(exact_engine, q, "none", n=12).token_ids, *q]
+        plain = _run(exact_engine, prompt, "none", n=24)
+        auto = _run(exact_engine, prompt, "auto", n=24)
+        lookup = _run(exact_engine, prompt, "prompt_lookup", n=24)
+        assert auto.token_ids == lookup.token_ids == plain.token_ids
+        assert auto.speculation is not None and lookup.speculation is not None
+        auto_proposed += auto.speculation.proposed
+        lookup_proposed += lookup.speculation.proposed
+    assert 0 < auto_proposed < lookup_proposed
+
+
+def test_default_requests_decode_together_in_a_batch(exact_engine):
+    """A sequence in auto mode joins the scheduler's batch (a batched step is a plain step):
+    concurrent users keep sharing one read of the weights."""
+    scheduler = Scheduler(exact_engine)
+    results: list = [None, None]
+    for i, prompt in enumerate((PATTERN, [9, 8, 7] * 10)):
+        request = GenerateRequest(token_ids=tuple(prompt), options=GenerateOptions(
+            max_new_tokens=16, temperature=0.0, stop_on_eos=False))
+        scheduler.submit(request, lambda item, i=i: results.__setitem__(i, item))
+    while scheduler.step():
+        pass
+    assert scheduler.batched_steps > 0
+    assert results[0].result.token_ids == _run(exact_engine, PATTERN, "none", n=16).token_ids
