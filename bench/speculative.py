@@ -4,7 +4,8 @@ The edit task: a held-out Python function (EDIT_SOURCES), then "the same functio
 changed" and its edited first line; the model writes the rest, which is mostly a copy of
 the prompt. The no-overlap task: a short prompt whose answer shares nothing with it.
 Arms (each in a fresh process, order rotated every round): `plain` (our engine, greedy),
-`lookup` (our engine, greedy + prompt lookup), `og` (onnxruntime-genai 0.18, greedy).
+`lookup` (our engine, greedy + prompt lookup), `auto` (our engine's default: prompt lookup
+with pauses after failed guesses), `og` (onnxruntime-genai 0.18, greedy).
 
     python -m bench.speculative [--model fp32|int4|default-coder|DIR] [--rounds 3]
     python -m bench.speculative --agreement 24 --model int4   # speculation on vs off
@@ -36,7 +37,7 @@ from bench import _workers  # noqa: E402
 from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-ARMS = ("plain", "lookup", "og")
+ARMS = ("plain", "lookup", "auto", "og")
 TASKS = ("edit", "novel")
 #: The edit task's function: the longest of these whose prompt and rewrite fit the context.
 #: None is in a training set we know of (tests/bench/test_peers.py checks it): standard-
@@ -116,7 +117,7 @@ def worker(arm: str, model: Path, task: str, new_tokens: int, threads: int) -> d
     if arm == "og":
         result = _workers.run_og(model, prompt, warmup, n, threads)
     else:
-        mode = "prompt_lookup" if arm == "lookup" else "none"
+        mode = {"lookup": "prompt_lookup", "auto": "auto"}.get(arm, "none")
         result = _workers.run_ours(model, prompt, warmup, n, threads, spin=True,
                                    speculative_mode=mode)
     tokens = result["tokens"]
@@ -178,6 +179,8 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
     return {
         "best_tok_s": best, "median_tok_s": med,
         "lookup_vs_plain": best["lookup"] / best["plain"],
+        "auto_vs_plain": best["auto"] / best["plain"],
+        "median_auto_vs_plain": med["auto"] / med["plain"],
         "lookup_vs_og": best["lookup"] / best["og"], "plain_vs_og": best["plain"] / best["og"],
         "median_lookup_vs_plain": med["lookup"] / med["plain"],
         "median_lookup_vs_og": med["lookup"] / med["og"],
@@ -185,6 +188,8 @@ def _stats(runs: list[dict[str, Any]], task: str, eos: set[int]) -> dict[str, An
         "tokens_identical": {
             "lookup=plain": all(r["tokens"] == first["plain"]["tokens"]
                                 for r in mine if r["arm"] == "lookup"),
+            "auto=plain": all(r["tokens"] == first["plain"]["tokens"]
+                              for r in mine if r["arm"] == "auto"),
             "og=plain": all(r["tokens"][:len(ours)] == ours
                             for r in mine if r["arm"] == "og")},
         "plain_eos_at": _first_eos(first["plain"]["tokens"], eos),
@@ -252,7 +257,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"  lookup/plain {s['lookup_vs_plain']:.2f} "
               f"(median {s['median_lookup_vs_plain']:.2f}), "
               f"lookup/og {s['lookup_vs_og']:.2f} (median {s['median_lookup_vs_og']:.2f}), "
-              f"plain/og {s['plain_vs_og']:.2f}")
+              f"plain/og {s['plain_vs_og']:.2f}, auto/plain {s['auto_vs_plain']:.2f} "
+              f"(median {s['median_auto_vs_plain']:.2f})")
         print(f"  proposed {sp.get('proposed')}, accepted {sp.get('accepted')}, acceptance "
               f"{sp.get('acceptance_rate')}, tokens/forward {sp.get('tokens_per_forward')}, "
               f"proposer {100 * s['propose_share']:.2f}% of decode time; "
