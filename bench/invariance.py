@@ -14,7 +14,8 @@ engine, the prompt prefilled whole, no speculation):
 A cell says ``identical`` (tokens and log-probabilities, bit for bit; tokens only for the
 speculative paths, which run only where a step is asked for nothing but its argmax),
 ``token N`` (the first generated token that differs), or ``logprob N`` (same tokens, the
-first log-probability whose bits differ). Prompts are this repository's own text (held out of any training set).
+first log-probability whose bits differ). Prompts are this repository's own text (held out
+of any training set).
 
     .venv/bin/python -m bench.invariance --model builtin=resources/models/smollm2-135m-instruct \\
         [--model NAME=DIR ...] [--paths repeat,batch4,...] [--new 48]
