@@ -116,12 +116,13 @@ def test_a_loaded_head_runs_only_when_asked_for(folder):
     assert engine.mtp_head is not None
     assert GenerateOptions().speculative_mode == "auto"
 
-    def stats(**fields: object) -> tuple[int, int, int] | None:
+    def stats(mode: str = "auto") -> tuple[int, int, int] | None:
         result = engine.generate(GenerateRequest(token_ids=tuple(PROMPT), options=(
-            GenerateOptions(temperature=0.0, max_new_tokens=24, stop_on_eos=False, **fields))))
+            GenerateOptions(temperature=0.0, max_new_tokens=24, stop_on_eos=False,
+                            speculative_mode=mode))))
         s = result.speculation
         return None if s is None else (s.proposed, s.accepted, s.forwards)
 
-    head = stats(speculative_mode="mtp")
+    head = stats("mtp")
     assert head is not None and head[0] > 0  # the head guesses when asked
     assert stats() != head

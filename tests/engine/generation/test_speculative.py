@@ -1,5 +1,9 @@
-"""Speculation (prompt lookup, draft model): several tokens per forward pass, output unchanged
-(fp32; on int4 graphs, up to a near-tie: tests/engine/equivalence.py)."""
+"""Speculation (prompt lookup, draft model, the default "auto"): several tokens per forward
+pass, output unchanged (fp32, and int4 on the engine's kernels; with ONNX Runtime's, int4
+up to a near-tie: tests/engine/equivalence.py)."""
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -324,10 +328,14 @@ def test_default_requests_decode_together_in_a_batch(exact_engine):
     concurrent users keep sharing one read of the weights."""
     scheduler = Scheduler(exact_engine)
     results: list = [None, None]
+
+    def sink(i: int) -> Callable[[Any], None]:
+        return lambda item: results.__setitem__(i, item)
+
     for i, prompt in enumerate((PATTERN, [9, 8, 7] * 10)):
         request = GenerateRequest(token_ids=tuple(prompt), options=GenerateOptions(
             max_new_tokens=16, temperature=0.0, stop_on_eos=False))
-        scheduler.submit(request, lambda item, i=i: results.__setitem__(i, item))
+        scheduler.submit(request, sink(i))
     while scheduler.step():
         pass
     assert scheduler.batched_steps > 0
