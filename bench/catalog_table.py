@@ -186,7 +186,8 @@ def decode(folder: Path, expect: Callable[[ReadSpeed], float | None], probe: Pro
             old = probe_tokens * (probe.read + probe.rotary) / old_read
             result = engine.generate(GenerateRequest(
                 prompt=f"Write a story number {seed}.", options=GenerateOptions(
-                    max_new_tokens=tokens, temperature=0.0, stop_on_eos=False)))
+                    max_new_tokens=tokens, temperature=0.0, stop_on_eos=False,
+                    speculative_mode="none")))  # a decode step's speed, not lookup's
             measured = round(result.timings.decode_tok_s or 0.0, 2)
             speeds.append(measured)
             paired.append({**figures(now), "probe_tok_s": round(probe_tokens, 2),
