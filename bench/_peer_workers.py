@@ -38,7 +38,9 @@ def ours_fim(model: Path, prompts: list[list[int]], new_tokens: int,
 
     engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
                                              own_kernels=own_kernels))
-    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens)
+    # one token a step, as the peers decode
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens,
+                           speculative_mode="none")
     rows: list[dict[str, Any]] = []
     waited_ms = 0.0
     for ids in prompts:
@@ -113,7 +115,9 @@ def _ours_rates(engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[
                 stamps.append((stream, item.timestamp))
         return sink
 
-    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens)
+    # one token a step, as the peers decode
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=new_tokens,
+                           speculative_mode="none")
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
         scheduler.submit(GenerateRequest(token_ids=tuple(ids), options=opts), sink_for(i))
@@ -191,7 +195,9 @@ def first_request(model: Path, ids: list[int], n: int, threads: int,
     engine = Engine.load(model, EngineConfig(intra_op_threads=threads,
                                              huge_pages=arm != "first-4k"))
     load_ms = (time.perf_counter() - t0) * 1e3
-    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
+    # one token a step, as the peers decode
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n,
+                           speculative_mode="none")
     res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))
     return {"ttft_ms": res.timings.ttft_ms, "load_ms": load_ms,
             "decode_tok_s": res.timings.decode_tok_s,

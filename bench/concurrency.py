@@ -41,7 +41,9 @@ def _stream_rate(engine: Any, prompts: list[list[int]]) -> float:
         if item.token_id is not None:
             stamps.append(item.timestamp)
 
-    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=NEW_TOKENS)
+    # one token a step, as the peers decode
+    opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=NEW_TOKENS,
+                           speculative_mode="none")
     for ids in prompts:
         scheduler.submit(GenerateRequest(token_ids=tuple(ids), options=opts), sink)
     while scheduler.step():

@@ -70,7 +70,9 @@ def worker(arm: str, model: Path, prompts: list[list[int]], threads: int) -> dic
         from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest
 
         engine = Engine.load(model, EngineConfig(intra_op_threads=threads))
-        opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=NEW_TOKENS)
+        # one token a step, as the peers decode
+        opts = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=NEW_TOKENS,
+                               speculative_mode="none")
         rows = []
         for ids in prompts:
             res = engine.generate(GenerateRequest(token_ids=tuple(ids), options=opts))

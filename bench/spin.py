@@ -56,7 +56,9 @@ def worker(model: Path, spin: str, threads: int) -> dict[str, Any]:
     ids = tuple(np.random.default_rng(1).integers(1, engine.spec.vocab_size, 32).tolist())
 
     def run(n: int) -> Any:
-        options = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n)
+        # one token a step, as the peers decode
+        options = GenerateOptions(temperature=0.0, stop_on_eos=False, max_new_tokens=n,
+                                  speculative_mode="none")
         return engine.generate(GenerateRequest(token_ids=ids, options=options))
 
     run(8)  # warm-up
