@@ -1,6 +1,8 @@
-"""The engine's MatMulNBits against ONNX Runtime's, on the built-in model: decode and prefill.
+"""The engine's MatMulNBits against ONNX Runtime's, on the built-in model (or --model DIR):
+decode and prefill.
 
     .venv/bin/python -m bench.matmul [--rounds 5] [--threads 2] [--prompt-lens 32,512]
+                                     [--model DIR]
 
 Arms, each measurement in a fresh process, order rotated every round, best of --rounds:
 
@@ -38,13 +40,14 @@ PROMPT_SEED = 1234
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    vocab = _workers.model_vocab(MODEL)
+    model = Path(args.model)
+    vocab = _workers.model_vocab(model)
     prompt = _workers.prompt_ids(vocab, args.prompt_len, PROMPT_SEED)
     warmup = _workers.prompt_ids(vocab, _workers.WARMUP_PROMPT, PROMPT_SEED + 1)
     if args.worker == "og":
-        result = _workers.run_og(MODEL, prompt, warmup, args.new_tokens, args.threads)
+        result = _workers.run_og(model, prompt, warmup, args.new_tokens, args.threads)
     else:
-        result = _workers.run_ours(MODEL, prompt, warmup, args.new_tokens, args.threads,
+        result = _workers.run_ours(model, prompt, warmup, args.new_tokens, args.threads,
                                    spin=True)
     result.pop("tokens", None)
     print(json.dumps(result), flush=True)
@@ -58,7 +61,7 @@ def run_worker(arm: str, prompt_len: int, args: argparse.Namespace) -> dict[str,
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", arm, "--prompt-len",
          str(prompt_len), "--threads", str(args.threads), "--new-tokens",
-         str(args.new_tokens)],
+         str(args.new_tokens), "--model", str(Path(args.model).resolve())],
         cwd=repo, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{arm} failed: {done.stderr[-2000:]}")
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-lens", default="32,512")
     p.add_argument("--arms", default="ours,ours-ortmm,og")
+    p.add_argument("--model", default=str(MODEL), help="a model folder (default: built-in)")
     p.add_argument("--before", default=None, help="a checkout for the `before` arm")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--prompt-len", type=int, default=32, help=argparse.SUPPRESS)
