@@ -68,16 +68,6 @@ static void ORT_CALL kernel_destroy(void* p) {
   free(kernel);
 }
 
-static int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  OrtStatus* status = API(KernelInfoGetAttribute_int64)(info, name, &value);
-  if (status != NULL) {
-    API(ReleaseStatus)(status);
-    return fallback;
-  }
-  return value;
-}
-
 static float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
   float value = fallback;
   OrtStatus* status = API(KernelInfoGetAttribute_float)(info, name, &value);

@@ -541,26 +541,16 @@ static void ORT_CALL mm_destroy(void* p) {
   free(m);
 }
 
-static int64_t mm_attr(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  OrtStatus* status = API(KernelInfoGetAttribute_int64)(info, name, &value);
-  if (status != NULL) {
-    API(ReleaseStatus)(status);
-    return fallback;
-  }
-  return value;
-}
-
 static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtKernelInfo* info, void** out) {
   (void)op;
   (void)api;
   MatMul* m = (MatMul*)calloc(1, sizeof(MatMul));
   if (m == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
-  m->K = mm_attr(info, "K", 0);
-  m->N = mm_attr(info, "N", 0);
-  m->bits = mm_attr(info, "bits", 4);
-  m->block = mm_attr(info, "block_size", 0);
-  m->accuracy = mm_attr(info, "accuracy_level", 0);
+  m->K = attr_int(info, "K", 0);
+  m->N = attr_int(info, "N", 0);
+  m->bits = attr_int(info, "bits", 4);
+  m->block = attr_int(info, "block_size", 0);
+  m->accuracy = attr_int(info, "accuracy_level", 0);
   if (m->K <= 0 || m->N <= 0 || (m->bits != 4 && m->bits != 8) || m->block < 16 || m->block > MAX_BLOCK ||
       (m->block & (m->block - 1)) != 0) {
     free(m);

@@ -122,6 +122,17 @@ extern const OrtFn* g_api; /* set by RegisterCustomOps (decode_attention.c) */
 
 static inline OrtStatus* fail(const char* message) { return API(CreateStatus)(ORT_INVALID_ARGUMENT, message); }
 
+/* An integer attribute of the node, or `fallback` where it has none. */
+static inline int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t value = fallback;
+  OrtStatus* status = API(KernelInfoGetAttribute_int64)(info, name, &value);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return fallback;
+  }
+  return value;
+}
+
 /* A tensor's data, element type and shape (at most `max_rank` dimensions into `dims`;
    `too_many` is the error for more). */
 static inline OrtStatus* tensor_info(const OrtValue* value, void** data, int* elem, int64_t* dims,
