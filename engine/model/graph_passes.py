@@ -333,6 +333,11 @@ class _NodeParts:
     attributes: dict[str, int | None]
     kept: bytes
 
+    def unhandled(self, handled: frozenset[str]) -> str | None:
+        """Why the engine's kernel cannot take the node: an attribute it does not read."""
+        name = next((n for n in self.attributes if n not in handled), None)
+        return None if name is None else f"attribute {name or '(unnamed)'} not handled"
+
     def rebuilt(self, inputs: list[str], outputs: list[str]) -> bytes:
         """The node with these inputs and outputs, in the engine's kernel domain."""
         node = bytearray()
@@ -383,9 +388,9 @@ def _own_attention_node(view: memoryview, g: _GraphNode, input_types: dict[str, 
     """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
     parts = _node_parts(view, g)
     inputs, outputs, domain = parts.inputs, parts.outputs, parts.domain
-    for name in parts.attributes:
-        if name not in _GQA_ATTRIBUTES:
-            return f"attribute {name or '(unnamed)'} not handled"
+    why = parts.unhandled(_GQA_ATTRIBUTES)
+    if why is not None:
+        return why
     if domain != "com.microsoft":
         return f"operator of domain {domain or 'ai.onnx'}"
     if len(inputs) > _GQA_INPUTS or len(outputs) > _GQA_OUTPUTS:

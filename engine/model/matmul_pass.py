@@ -210,9 +210,9 @@ def _own_matmul_node(view: memoryview, g: _GraphNode, dynamic: set[str],
     """The node for the engine's kernel, or why it keeps ONNX Runtime's."""
     parts = _node_parts(view, g)
     inputs, outputs, domain = parts.inputs, parts.outputs, parts.domain
-    for name in parts.attributes:
-        if name not in _ATTRIBUTES:
-            return f"attribute {name or '(unnamed)'} not handled"
+    why = parts.unhandled(_ATTRIBUTES)
+    if why is not None:
+        return why
     ints = {name: v for name, v in parts.attributes.items() if v is not None}
     if domain != "com.microsoft":
         return f"operator of domain {domain or 'ai.onnx'}"
