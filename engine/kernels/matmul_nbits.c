@@ -36,6 +36,10 @@
 
 #include "ort_api.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_X86_PATHS 1
@@ -86,37 +90,53 @@ static int g_mm_isa;
 /* Group block layout: quad j (k = 4j .. 4j+3 of the block) is 64 bytes, column c's four
    codes at 4c .. 4c+3. 8 bits: quad j at byte 64j. 4 bits: quads j and j + block/8 share
    the 64 bytes of pair j, low and high nibbles. */
-static void repack(MatMul* m, const uint8_t* B, const float* scales, const uint8_t* zp, const float* offsets) {
+typedef struct Repack {
+  MatMul* m;
+  const uint8_t *B, *zp;
+  const float *scales, *offsets;
+} Repack;
+
+/* The four nibbles of `v` (low first) in the low nibbles of four bytes. */
+static inline uint32_t spread_nibbles(uint32_t v) {
+  return (v & 0xFu) | (v & 0xF0u) << 4 | (v & 0xF00u) << 8 | (v & 0xF000u) << 12;
+}
+
+/* One group of NC columns (a ParallelFor task: groups write disjoint bytes). */
+static void repack_group(void* data, size_t task) {
+  const Repack* job = (const Repack*)data;
+  MatMul* m = job->m;
+  const int64_t g = (int64_t)task;
   const int64_t blob = m->block * m->bits / 8, half = m->block / 8;
   const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
-  for (int64_t g = 0; g < m->groups; ++g) {
-    for (int64_t b = 0; b < m->blocks; ++b) {
-      uint8_t* dst = m->codes + (g * m->blocks + b) * m->bytes;
-      float* s = m->scales + (g * m->blocks + b) * NC;
-      uint8_t* z = m->zero != NULL ? m->zero + (g * m->blocks + b) * NC : NULL;
-      for (int64_t c = 0; c < NC; ++c) {
-        const int64_t n = g * NC + c;
-        if (m->offsets != NULL)
-          m->offsets[(g * m->blocks + b) * NC + c] = n < m->N ? offsets[b * m->N + n] : 0.0f;
-        if (n >= m->N) {
-          s[c] = 0.0f;
-          if (z != NULL) z[c] = 0;
-          continue;
-        }
-        s[c] = scales[n * m->blocks + b];
-        if (z != NULL)
-          z[c] = m->bits == 4 ? (uint8_t)((zp[n * zp_row + b / 2] >> (4 * (b & 1))) & 15) : zp[n * zp_row + b];
-        const uint8_t* src = B + (n * m->blocks + b) * blob;
-        for (int64_t k = 0; k < m->block; ++k) {
-          const int64_t j = k / 4, i = k % 4;
-          if (m->bits == 8) {
-            dst[j * 64 + c * 4 + i] = src[k];
-          } else {
-            const uint8_t code = (src[k / 2] >> (4 * (k & 1))) & 15;
-            const int64_t pair = j < half ? j : j - half;
-            dst[pair * 64 + c * 4 + i] |= (uint8_t)(j < half ? code : code << 4);
-          }
-        }
+  for (int64_t b = 0; b < m->blocks; ++b) {
+    uint8_t* dst = m->codes + (g * m->blocks + b) * m->bytes;
+    float* s = m->scales + (g * m->blocks + b) * NC;
+    uint8_t* z = m->zero != NULL ? m->zero + (g * m->blocks + b) * NC : NULL;
+    for (int64_t c = 0; c < NC; ++c) {
+      const int64_t n = g * NC + c;
+      if (m->offsets != NULL)
+        m->offsets[(g * m->blocks + b) * NC + c] = n < m->N ? job->offsets[b * m->N + n] : 0.0f;
+      if (n >= m->N) {
+        s[c] = 0.0f;
+        if (z != NULL) z[c] = 0;
+        continue;
+      }
+      s[c] = job->scales[n * m->blocks + b];
+      if (z != NULL)
+        z[c] = m->bits == 4 ? (uint8_t)((job->zp[n * zp_row + b / 2] >> (4 * (b & 1))) & 15)
+                            : job->zp[n * zp_row + b];
+      const uint8_t* src = job->B + (n * m->blocks + b) * blob;
+      if (m->bits == 8) {
+        for (int64_t j = 0; j < m->block / 4; ++j) memcpy(dst + j * 64 + c * 4, src + 4 * j, 4);
+        continue;
+      }
+      /* pair p: quad p's four codes in the low nibbles, quad p + half's in the high ones;
+         a quad's codes are two source bytes, low nibble first */
+      for (int64_t p = 0; p < half; ++p) {
+        const uint32_t lo = (uint32_t)src[2 * p] | (uint32_t)src[2 * p + 1] << 8;
+        const uint32_t hi = (uint32_t)src[2 * (p + half)] | (uint32_t)src[2 * (p + half) + 1] << 8;
+        const uint32_t word = spread_nibbles(lo) | spread_nibbles(hi) << 4;
+        memcpy(dst + p * 64 + c * 4, &word, 4);
       }
     }
   }
@@ -541,6 +561,8 @@ static void ORT_CALL mm_destroy(void* p) {
   free(m);
 }
 
+static OrtStatus* repack_constants(const OrtKernelInfo* info, MatMul* m);
+
 static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtKernelInfo* info, void** out) {
   (void)op;
   (void)api;
@@ -560,6 +582,11 @@ static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtK
   m->blocks = (m->K + m->block - 1) / m->block;
   m->groups = (m->N + NC - 1) / NC;
   m->bytes = m->block * NC * m->bits / 8;
+  OrtStatus* status = repack_constants(info, m);
+  if (status != NULL) {
+    mm_destroy(m);
+    return status;
+  }
   *out = m;
   return NULL;
 }
@@ -580,36 +607,86 @@ static OrtStatus* mm_describe(const OrtValue* value, Input* t) {
   return NULL;
 }
 
-/* The weights in the kernel's order, made once (the first run; a run beside it waits). */
-static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales, const Input* zp,
-                                  const Input* offsets) {
+/* Zeroed memory for the repacked codes; on Linux, large ones on 2 MiB pages from the start
+   (one fault per huge page instead of 512 while the first run fills them, and fewer TLB
+   misses in the first steps; khugepaged or the engine would collapse them later anyway). */
+static void* big_zeroed(size_t bytes) {
+#if defined(__linux__)
+  const size_t huge = (size_t)2 << 20;
+  if (bytes >= huge) {
+    void* p = NULL;
+    if (posix_memalign(&p, huge, (bytes + huge - 1) / huge * huge) != 0) return NULL;
+    madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+    memset(p, 0, bytes);
+    return p;
+  }
+#endif
+  return calloc(bytes, 1);
+}
+
+/* The weights in the kernel's order, made once: when the session builds the kernel if the
+   weights are constant initializers (the usual case: the cost goes to the load, as ONNX
+   Runtime's own prepacking does, not to the first answer), else at the first run (on the
+   session's threads; a run beside it waits). */
+static OrtStatus* repack_now(OrtKernelContext* context, MatMul* m, const Input* B, const Input* scales,
+                             const Input* zp, const Input* offsets) {
+  const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
+  if (B->count != m->N * m->blocks * (m->block * m->bits / 8) || scales->count != m->N * m->blocks ||
+      (zp != NULL && zp->count != m->N * zp_row) || (offsets != NULL && offsets->count != m->N * m->blocks))
+    return fail("MatMulNBits (engine.kernels): B, scales, zero_points or offsets do not match K, N, bits "
+                "and block_size");
+  m->codes = (uint8_t*)big_zeroed((size_t)(m->groups * m->blocks * m->bytes));
+  m->scales = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
+  m->zdefault = m->bits == 4 ? 8 : 128;
+  if (zp != NULL) m->zero = (uint8_t*)malloc((size_t)(m->groups * m->blocks * NC));
+  if (offsets != NULL) m->offsets = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
+  if (m->codes == NULL || m->scales == NULL || (zp != NULL && m->zero == NULL) || (offsets != NULL && m->offsets == NULL))
+    return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
+  Repack job = {m, (const uint8_t*)B->data, zp != NULL ? (const uint8_t*)zp->data : NULL,
+                (const float*)scales->data, offsets != NULL ? (const float*)offsets->data : NULL};
+  if (context != NULL) {
+    TRY(API(KernelContext_ParallelFor)(context, repack_group, (size_t)m->groups, 0, &job));
+  } else {
+    for (int64_t g = 0; g < m->groups; ++g) repack_group(&job, (size_t)g);
+  }
+  STORE_RELEASE(&m->ready, 1);
+  return NULL;
+}
+
+static OrtStatus* ensure_repacked(OrtKernelContext* context, MatMul* m, const Input* B,
+                                  const Input* scales, const Input* zp, const Input* offsets) {
   if (LOAD_ACQUIRE(&m->ready)) return NULL;
   while (EXCHANGE(&m->busy, 1)) {
   }
-  OrtStatus* status = NULL;
-  if (!m->ready) {
-    const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
-    if (B->count != m->N * m->blocks * (m->block * m->bits / 8) || scales->count != m->N * m->blocks ||
-        (zp != NULL && zp->count != m->N * zp_row) || (offsets != NULL && offsets->count != m->N * m->blocks)) {
-      status = fail("MatMulNBits (engine.kernels): B, scales, zero_points or offsets do not match K, N, bits "
-                    "and block_size");
-    } else {
-      m->codes = (uint8_t*)calloc((size_t)(m->groups * m->blocks * m->bytes), 1);
-      m->scales = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
-      m->zdefault = m->bits == 4 ? 8 : 128;
-      if (zp != NULL) m->zero = (uint8_t*)malloc((size_t)(m->groups * m->blocks * NC));
-      if (offsets != NULL) m->offsets = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
-      if (m->codes == NULL || m->scales == NULL || (zp != NULL && m->zero == NULL) || (offsets != NULL && m->offsets == NULL)) {
-        status = API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
-      } else {
-        repack(m, (const uint8_t*)B->data, (const float*)scales->data,
-               zp != NULL ? (const uint8_t*)zp->data : NULL, offsets != NULL ? (const float*)offsets->data : NULL);
-        STORE_RELEASE(&m->ready, 1);
-      }
-    }
-  }
+  OrtStatus* status = m->ready ? NULL : repack_now(context, m, B, scales, zp, offsets);
   STORE_RELEASE(&m->busy, 0);
   return status;
+}
+
+/* At the kernel's creation: the weights' constant initializers, when all of them are. */
+static OrtStatus* repack_constants(const OrtKernelInfo* info, MatMul* m) {
+  const OrtValue* values[MM_INPUTS] = {0};
+  const size_t wanted[] = {1, 2, 3, 6};
+  size_t count = 0;
+  TRY(API(KernelInfo_GetInputCount)(info, &count));
+  for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; ++i) {
+    if (wanted[i] >= count) continue;
+    int constant = 0;
+    OrtStatus* status = API(KernelInfoGetConstantInput_tensor)(info, wanted[i], &constant, &values[wanted[i]]);
+    if (status != NULL) { /* an optional input left out, or an older runtime: the first run does it */
+      API(ReleaseStatus)(status);
+      values[wanted[i]] = NULL;
+      if (wanted[i] < 3) return NULL;
+    } else if (!constant || values[wanted[i]] == NULL) {
+      if (wanted[i] < 3) return NULL;
+    }
+  }
+  Input B, S, Z, O;
+  TRY(mm_describe(values[1], &B));
+  TRY(mm_describe(values[2], &S));
+  if (values[3] != NULL) TRY(mm_describe(values[3], &Z));
+  if (values[6] != NULL) TRY(mm_describe(values[6], &O));
+  return repack_now(NULL, m, &B, &S, values[3] != NULL ? &Z : NULL, values[6] != NULL ? &O : NULL);
 }
 
 static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
@@ -631,7 +708,7 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
     if (bias.count != m->N) return fail("MatMulNBits (engine.kernels): bias must have N values");
   }
   if (A.rank < 1 || A.dims[A.rank - 1] != m->K) return fail("MatMulNBits (engine.kernels): A's last axis must be K");
-  TRY(ensure_repacked(m, &B, &S, inputs[3] != NULL ? &Z : NULL, inputs[6] != NULL ? &offsets : NULL));
+  TRY(ensure_repacked(context, m, &B, &S, inputs[3] != NULL ? &Z : NULL, inputs[6] != NULL ? &offsets : NULL));
   int64_t out_dims[8];
   memcpy(out_dims, A.dims, A.rank * sizeof(int64_t));
   out_dims[A.rank - 1] = m->N;
