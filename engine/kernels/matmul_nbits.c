@@ -24,8 +24,9 @@
  * No multiply-add is fused (the file is compiled with fp-contract off), so the plain C loops
  * and the AVX-512 VNNI code give the same bits. The work is split by groups of 16 output
  * columns (ParallelFor, the session's own threads); rows go through a group in tiles that
- * share the unpacked weights. The constant weights are repacked once, at the first run, in
- * the order the loops read them.
+ * share the unpacked weights. The constant weights are repacked once, in the order the loops
+ * read them, when the session builds the kernel (at the first run where they are not
+ * constant initializers).
  */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
