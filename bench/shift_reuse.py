@@ -41,37 +41,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench._chat import MODEL, SYSTEM, chat_texts  # noqa: E402
+from bench._chat import stream as _stream  # noqa: E402
+from bench._chat import tokenizer as _tokenizer  # noqa: E402
 from bench._serve import worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-MODEL = REPO / "resources" / "models" / "smollm2-135m-instruct"
-SYSTEM = "You are a helpful assistant who answers questions about a software project."
 #: Arms: name -> --cache-reuse (``shift64``: a smaller minimum run, for small prompts).
 ARMS = {"shift": "256", "off": "0", "shift64": "64"}
-
-
-def _tokenizer() -> Any:
-    from engine.text.tokenizer import Tokenizer
-
-    return Tokenizer.from_dir(MODEL)
-
-
-def chat_texts(tok: Any, turns: int, tokens: int) -> list[str]:
-    """`turns` pieces of this repository's docs, each ~`tokens` tokens, cut at a paragraph."""
-    paragraphs: list[str] = []
-    for path in sorted((REPO / "docs").glob("*.md")) + [REPO / "engine" / "README.md"]:
-        paragraphs += [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-    out, current, count = [], [], 0
-    for para in paragraphs:
-        current.append(para)
-        count += len(tok.encode(para, parse_special=False))
-        if count >= tokens:
-            out.append("Here is part of a document:\n\n" + "\n\n".join(current)
-                       + "\n\nWhat does this part say? Answer in two sentences.")
-            current, count = [], 0
-            if len(out) == turns:
-                return out
-    raise RuntimeError("not enough text in docs/ for the chat")
 
 
 def source_file() -> str:
@@ -109,32 +86,6 @@ def editor_requests(tok: Any, window_tokens: int, move_lines: int
             ("/v1/completions", "edit", window(d, "    result")),
             ("/v1/completions", "newline", window(d + 1, "")),
             ("/v1/completions", "move", window(d + move_lines, "    resul"))]
-
-
-def _stream(http: Any, path: str, body: dict[str, Any],
-            headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """POST a streamed request: TTFT (first content), the text, and the usage."""
-    start = time.perf_counter()
-    ttft, text, usage = None, [], None
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with http.stream("POST", path, json=body, headers=headers or {}) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices", []):
-                piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
-                if piece and ttft is None:
-                    ttft = time.perf_counter() - start
-                text.append(piece)
-    assert usage is not None, "no usage in the stream"
-    return {"ttft_s": round(ttft if ttft is not None else time.perf_counter() - start, 3),
-            "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
-            "text": "".join(text)}
 
 
 def _infill(http: Any, body: dict[str, Any]) -> dict[str, Any]:

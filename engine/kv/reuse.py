@@ -89,7 +89,10 @@ class KVReuse:
         """The best shift plan over the runner's live KV and a session's set-aside KV, its
         runs copied (the prefix step may overwrite the runner's rows)."""
         shifter = self.shifter
-        if shifter is None or not runner.transfers_kv or len(prompt) <= shifter.min_run:
+        if shifter is None or not runner.transfers_kv:
+            return None
+        min_run = shifter.min_run_for(len(prompt))
+        if len(prompt) <= min_run:
             return None
         limit = len(prompt) - 1
         sources: list[tuple[Sequence[int], RowReader]] = [(runner.tokens, runner.export_kv)]
@@ -102,11 +105,11 @@ class KVReuse:
             reused, segments = shifter.plan(cached, prompt, limit)
             first = segments[0].length if segments and segments[0].at == 0 and \
                 segments[0].src == 0 else 0
-            if reused - first >= shifter.min_run and (best is None or reused > best[0]):
+            if reused - first >= min_run and (best is None or reused > best[0]):
                 best = (reused, segments, read)
         if best is None:
             return None
-        return shifter.copy(best[1], best[2])
+        return shifter.copy(best[1], best[2], min_run)
 
     def _prefix(self, runner: DecodeRunner, prompt: list[int],
                 session: Session | None) -> int:

@@ -11,7 +11,7 @@ What it may change: a shifted run's KV was computed after other tokens (the ones
 or the text before an edit), so its keys and values still carry that context where a full
 recompute would see the new one. Answers are then close to, not the same as, a recompute's
 (docs/kv-and-scheduling.md has the measured agreement). `EngineConfig.cache_reuse` = 0
-turns it off; runs shorter than it are recomputed.
+turns it off; runs shorter than it (or than an eighth of a shorter prompt) are recomputed.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from engine.runtime.runner import DecodeRunner
 ANCHOR = 16
 #: Candidate places of one n-gram tried, earliest first (repetitive text has many).
 TRIES = 8
+#: Runs as long as 1/RELATIVE_RUN of a prompt are reused where that is under `min_run`.
+RELATIVE_RUN = 8
 
 
 @dataclass(frozen=True)
@@ -155,15 +157,22 @@ class Shifter:
         self.min_run = min_run
         self._is_key = [p.kind == "key" for p in spec.kv_pairs]
 
+    def min_run_for(self, prompt_len: int) -> int:
+        """The shortest run reused in a prompt of `prompt_len` tokens: `min_run`, or an
+        eighth of a shorter prompt (an editor's 512-token window holds no run of 256)."""
+        return min(self.min_run, max(ANCHOR, prompt_len // RELATIVE_RUN))
+
     def plan(self, cached: Sequence[int], prompt: list[int],
              limit: int) -> tuple[int, list[Segment]]:
         """(tokens the plan reuses, its segments) for one source holding `cached`."""
         prefix = _match_len(cached, 0, prompt, 0, min(len(cached), limit))
-        runs = match_runs(cached, prompt, prefix=prefix, limit=limit, min_run=self.min_run)
+        runs = match_runs(cached, prompt, prefix=prefix, limit=limit,
+                          min_run=self.min_run_for(len(prompt)))
         segments = ([Segment(0, prefix, 0)] if prefix else []) + runs
         return sum(s.length for s in segments if s.src is not None), segments
 
-    def copy(self, segments: list[Segment], read: RowReader) -> ShiftPlan:
+    def copy(self, segments: list[Segment], read: RowReader,
+             min_run: int | None = None) -> ShiftPlan:
         """Copy each run's KV from its source, keys rotated to the run's new place."""
         rows: dict[int, list[np.ndarray]] = {}
         for i, seg in enumerate(segments):
@@ -172,7 +181,7 @@ class Shifter:
             got = read(seg.src, seg.src + seg.length)
             rows[i] = [self.rotation.shift(r, seg.src, seg.at) if key and seg.src != seg.at
                        else r for r, key in zip(got, self._is_key, strict=True)]
-        return ShiftPlan(segments, rows, self.min_run)
+        return ShiftPlan(segments, rows, self.min_run if min_run is None else min_run)
 
 
 def make_shifter(model: ModelDir, spec: IOSpec, context: int,

@@ -234,7 +234,7 @@ class Scheduler:
             # among runners sharing about as long a prefix, the one holding runs of the
             # prompt elsewhere (a moved window) can shift them (engine.kv.shift)
             best = max(shared.values())
-            near = [i for i in free if shared[i] > best - shifter.min_run]
+            near = [i for i in free if shared[i] > best - shifter.min_run_for(len(prompt))]
             return max(near, key=lambda i: (probe_hits(self.engine.runners[i].tokens, prompt),
                                             shared[i]))
         if self.engine.add_runner() is not None:

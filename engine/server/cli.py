@@ -74,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--host-ram-limit", default="auto",
                      help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")
     eng.add_argument("--cache-reuse", type=int, default=256, metavar="N",
-                     help="reuse runs of at least N cached tokens found at other positions "
-                          "of a new prompt by shifting their KV (0 = off: recompute them)")
+                     help="reuse runs of at least N cached tokens (or an eighth of a prompt "
+                          "under 8N tokens) found at other positions of a new prompt by "
+                          "shifting their KV (0 = off: recompute them)")
     eng.add_argument("--kv-store-dir", type=Path,
                      help="where prompt KV is kept across restarts (default: the user cache)")
     eng.add_argument("--no-kv-store", action="store_true",

@@ -379,3 +379,36 @@ def test_the_worker_stopped_notice_says_why_without_brackets_in_brackets(qtbot, 
         depth += {"(": 1, ")": -1}.get(char, 0)
         deepest = max(deepest, depth)
     assert deepest <= 1, said
+
+
+
+def test_the_request_after_leaving_older_messages_out_reuses_the_kept_history(qtbot, view):
+    """What "Leave older messages out" sends is answered like a normal turn: the kept
+    exchange's KV is reused from where it sat before (the worker's usage says how much),
+    only the new message is computed. Before, a kept history under 256 tokens was all
+    computed again."""
+    ends: list = []
+    on_ended = view._on_ended
+
+    def record(end):  # the worker's usage of each answer
+        ends.append(end)
+        on_ended(end)
+
+    view._on_ended = record
+    for name in ("a", "b"):  # two exchanges of ~150 tokens
+        done = answer(qtbot, view, lambda name=name: view.send(
+            " ".join(f"{name}{i}" for i in range(45))))
+        assert done.state == "done"
+    normal = ends[-1].usage
+    kept = normal["prompt_tokens"] - normal["prompt_tokens_details"]["cached_tokens"] \
+        + normal["completion_tokens"]  # the second exchange, as sent again
+    failed = answer(qtbot, view, lambda: view.send(" ".join(f"c{i}" for i in range(205))))
+    assert failed.state == "failed" and view.banner.drop_button.isVisible()
+    final = answer(qtbot, view, lambda: qtbot.mouseClick(view.banner.drop_button,
+                                                         Qt.MouseButton.LeftButton))
+    assert final.state == "done"
+    assert [w.left_out for w in view.message_widgets()] == [True, True, False, False,
+                                                            False, False]
+    usage = ends[-1].usage
+    assert usage["prompt_tokens"] > 600
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= kept * 3 // 4, (normal, usage)

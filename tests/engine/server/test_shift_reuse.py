@@ -86,3 +86,27 @@ def test_an_editor_window_moved_over_a_file_prefills_only_the_new_lines(server):
         body = complete(file_ids[step:step + window])
     assert body["usage"]["prompt_tokens"] == window
     assert _prefilled(body) == step  # before: the whole window (nothing shared at its start)
+
+
+def test_enter_in_an_editor_window_of_a_few_hundred_tokens_prefills_only_the_new_line(server):
+    # an /infill-sized prompt (the prefix-only layout's 512-token budget): a header of the
+    # window's first lines, then its last lines. Enter drops the window's first line (the
+    # header shifts and shrinks) and the body's first lines, and adds a line at the end:
+    # no run reaches the default --cache-reuse 256 but the body's, none of 64 tokens but
+    # the header's and the body's
+    ids = [int(i) for i in np.random.default_rng(11).integers(9, 500, 1000)]
+    header, body = ids[:100], ids[300:650]
+    typed = ids[900:906]
+    with server.client() as http:
+        def complete(prompt: list[int]) -> dict[str, Any]:
+            response = http.post("/v1/completions",
+                                 json={"prompt": prompt, "max_tokens": 4, **GREEDY})
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        cold = complete(header + body)
+        after_enter = complete(header[20:] + body[30:] + typed)
+    cold_prompt = cold["usage"]["prompt_tokens"]
+    assert cold_prompt == 450
+    # before: the shifted header (80 tokens, under 256) was prefilled again: 86 of 450
+    assert _prefilled(after_enter) <= cold_prompt // 10
