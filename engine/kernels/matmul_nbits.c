@@ -24,8 +24,10 @@
  * No multiply-add is fused (the file is compiled with fp-contract off), so the plain C loops
  * and the AVX-512 VNNI code give the same bits. The work is split by groups of 16 output
  * columns (ParallelFor, the session's own threads); rows go through a group in tiles that
- * share the unpacked weights. The constant weights are repacked once, at the first run, in
- * the order the loops read them.
+ * share the unpacked weights. The constant weights are repacked once, while the session
+ * loads (at the first run where they are not constants of the graph), in the order the
+ * loops read them: each block of a group its codes then its scales, so that a task reads one
+ * stream of memory.
  */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
@@ -56,6 +58,12 @@ enum { ELEM_UINT8 = 2 };
 #define NC 16      /* output columns per group (one AVX-512 register of floats) */
 #define RT 4       /* rows per tile */
 #define MAX_BLOCK 256
+#ifndef TASK_BYTES
+#define TASK_BYTES 0         /* bytes of weights a parallel task aims at (0: one group a task) */
+#endif
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 0     /* how far ahead of its loads a task asks for weights (bytes; 0: none) */
+#endif
 
 /* A, B, scales, zero_points, g_idx, bias; then the engine's own: offsets, fp32 [blocks, N],
    adding sum over b of (the sum of A's block b) * offsets[b, n] to each output (the blocks'
@@ -68,14 +76,22 @@ static const int MM_TYPES[MM_INPUTS] = {ELEM_FLOAT, ELEM_UINT8, ELEM_FLOAT, ELEM
 typedef struct MatMul {
   int64_t K, N, bits, block, accuracy;
   int64_t blocks, groups, bytes; /* blocks along K, groups of NC columns, code bytes per group block */
+  int64_t stride;                /* bytes per group block: its codes, then its NC scales */
+  int64_t per_task;              /* groups per parallel task */
   long ready;                    /* the repacked weights below are there (atomic) */
   long busy;                     /* a run is repacking them (atomic) */
-  uint8_t* codes;                /* [groups][blocks][bytes] */
-  float* scales;                 /* [groups][blocks][NC] */
+  void* memory;                  /* what `codes` was carved from (aligned to a cache line) */
+  uint8_t* codes;                /* [groups][blocks][stride]: bytes of codes, NC fp32 scales */
   uint8_t* zero;                 /* [groups][blocks][NC], or NULL: all zdefault */
   int32_t zdefault;              /* 8 for 4 bits, 128 for 8 */
   float* offsets;                /* [groups][blocks][NC], or NULL */
 } MatMul;
+
+/* Group g's block b: its codes, then its scales (one stream of memory per task). */
+static inline uint8_t* codes_at(const MatMul* m, int64_t g, int64_t b) { return m->codes + (g * m->blocks + b) * m->stride; }
+static inline float* scales_at(const MatMul* m, int64_t g, int64_t b) {
+  return (float*)(codes_at(m, g, b) + m->bytes);
+}
 
 /* 1: AVX-512 with VNNI; 2: AVX2 (4-bit codes at accuracy level 4; the plain C loops for the
    rest); 0: the plain C loops (set at registration). */
@@ -91,8 +107,8 @@ static void repack(MatMul* m, const uint8_t* B, const float* scales, const uint8
   const int64_t zp_row = m->bits == 4 ? (m->blocks + 1) / 2 : m->blocks;
   for (int64_t g = 0; g < m->groups; ++g) {
     for (int64_t b = 0; b < m->blocks; ++b) {
-      uint8_t* dst = m->codes + (g * m->blocks + b) * m->bytes;
-      float* s = m->scales + (g * m->blocks + b) * NC;
+      uint8_t* dst = codes_at(m, g, b);
+      float* s = scales_at(m, g, b);
       uint8_t* z = m->zero != NULL ? m->zero + (g * m->blocks + b) * NC : NULL;
       for (int64_t c = 0; c < NC; ++c) {
         const int64_t n = g * NC + c;
@@ -222,7 +238,7 @@ HOT static void group_int8_c(const Job* job, int64_t g) {
   for (int64_t row = 0; row < r->M; ++row) {
     float acc[NC] = {0};
     for (int64_t b = 0; b < m->blocks; ++b) {
-      const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+      const uint8_t* blk = codes_at(m, g, b);
       for (int64_t j = 0; j < quads; ++j)
         for (int64_t c = 0; c < NC; ++c)
           for (int64_t i = 0; i < 4; ++i) w[j][c][i] = code_at(m, blk, j, c, i);
@@ -233,7 +249,7 @@ HOT static void group_int8_c(const Job* job, int64_t g) {
           for (int64_t i = 0; i < 4; ++i) dot[c] += (int32_t)w[j][c][i] * (int32_t)qa[4 * j + i];
       const float sa = r->sa[row * m->blocks + b];
       const int32_t asum = r->asum[row * m->blocks + b];
-      const float* sw = m->scales + (g * m->blocks + b) * NC;
+      const float* sw = scales_at(m, g, b);
       int32_t zw[NC];
       zero_points(m, g, b, zw);
       for (int64_t c = 0; c < NC; ++c) {
@@ -257,9 +273,9 @@ HOT static void group_fp32_c(const Job* job, int64_t g) {
   for (int64_t row = 0; row < r->M; ++row) {
     float acc[NC] = {0};
     for (int64_t b = 0; b < m->blocks; ++b) {
-      const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+      const uint8_t* blk = codes_at(m, g, b);
       const float* a = r->af + row * r->Kp + b * m->block;
-      const float* sw = m->scales + (g * m->blocks + b) * NC;
+      const float* sw = scales_at(m, g, b);
       int32_t zw[NC];
       zero_points(m, g, b, zw);
       float p[NC][4] = {{0}};
@@ -297,10 +313,12 @@ AVX512 static inline __attribute__((always_inline)) void tile_int8_avx512(const 
   __m512 acc[RT];
   for (int t = 0; t < R; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < m->blocks; ++b) {
-    const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+    const uint8_t* blk = codes_at(m, g, b);
     __m512i d0[RT], d1[RT];
     for (int t = 0; t < R; ++t) d0[t] = d1[t] = _mm512_setzero_si512();
     const int8_t* qa = r->qa + row0 * r->Kp + b * m->block;
+    if (PREFETCH_AHEAD > 0)
+      for (int64_t o = 0; o < m->stride; o += 64) _mm_prefetch((const char*)blk + PREFETCH_AHEAD + o, _MM_HINT_T0);
     if (m->bits == 4) {
       for (int64_t p = 0; p < half; ++p) {
         const __m512i v = _mm512_loadu_si512((const void*)(blk + p * 64));
@@ -327,7 +345,7 @@ AVX512 static inline __attribute__((always_inline)) void tile_int8_avx512(const 
         }
       }
     }
-    const __m512 sw = _mm512_loadu_ps(m->scales + (g * m->blocks + b) * NC);
+    const __m512 sw = _mm512_loadu_ps(scales_at(m, g, b));
     const __m512i zw = m->zero != NULL
                            ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(m->zero + (g * m->blocks + b) * NC)))
                            : _mm512_set1_epi32(m->zdefault);
@@ -355,6 +373,42 @@ AVX512 static void group_int8_avx512(const Job* job, int64_t g) {
   for (; row < job->r->M; ++row) tile_int8_avx512(job, g, row, 1);
 }
 
+/* quantize_rows with 16 values a step: the same operations on each value, so the same
+   bits (the maximum of absolute values and the integer sum do not depend on the order). */
+AVX512 static void quantize_rows_avx512(const MatMul* m, Rows* r) {
+  const __m512 round = _mm512_set1_ps(12582912.0f), top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+  for (int64_t row = 0; row < r->M; ++row) {
+    const float* a = r->a + row * r->K;
+    for (int64_t b = 0; b < m->blocks; ++b) {
+      const int64_t k0 = b * m->block;
+      const int64_t n = r->K - k0 < m->block ? r->K - k0 : m->block;
+      __m512 most = _mm512_setzero_ps();
+      for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 lanes = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1);
+        /* max(v, most) keeps `most` where v is NaN, as the plain C's comparison does */
+        most = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(lanes, a + k0 + k)), most);
+      }
+      const float amax = _mm512_reduce_max_ps(most);
+      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      int8_t* q = r->qa + row * r->Kp + k0;
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 lanes = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1);
+        const __m512 x = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, a + k0 + k), inv), round), round);
+        __m512i v = _mm512_cvttps_epi32(x);
+        v = _mm512_mask_mov_epi32(v, _mm512_cmp_ps_mask(x, top, _CMP_GT_OQ), _mm512_set1_epi32(127));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmp_ps_mask(x, bottom, _CMP_LT_OQ), _mm512_set1_epi32(-127));
+        v = _mm512_maskz_mov_epi32(lanes, v);
+        _mm_mask_storeu_epi8(q + k, lanes, _mm512_cvtepi32_epi8(v));
+        sum = _mm512_add_epi32(sum, v);
+      }
+      for (int64_t k = n; k < m->block; ++k) q[k] = 0;
+      r->sa[row * m->blocks + b] = amax / 127.0f;
+      r->asum[row * m->blocks + b] = _mm512_reduce_add_epi32(sum);
+    }
+  }
+}
+
 /* Lane 0 of each 128-bit chunk becomes (x0 + x1) + (x2 + x3) of the chunk. */
 AVX512 static inline __m512 sum_quads(__m512 x) {
   const __m512 t = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));  /* (1, 0, 3, 2) */
@@ -370,7 +424,7 @@ AVX512 static inline __attribute__((always_inline)) void tile_fp32_avx512(const 
   __m512 acc[RT];
   for (int t = 0; t < R; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < m->blocks; ++b) {
-    const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+    const uint8_t* blk = codes_at(m, g, b);
     int32_t zp[NC];
     zero_points(m, g, b, zp);
     __m512i z[4]; /* quarter q: columns 4q .. 4q+3, each repeated over its four lanes */
@@ -397,7 +451,7 @@ AVX512 static inline __attribute__((always_inline)) void tile_fp32_avx512(const 
         for (int q = 0; q < 4; ++q) p[t][q] = _mm512_add_ps(p[t][q], _mm512_mul_ps(a, w[q]));
       }
     }
-    const __m512 sw = _mm512_loadu_ps(m->scales + (g * m->blocks + b) * NC);
+    const __m512 sw = _mm512_loadu_ps(scales_at(m, g, b));
     for (int t = 0; t < R; ++t) {
       const __m512 lo = _mm512_permutex2var_ps(sum_quads(p[t][0]), pick, sum_quads(p[t][1]));
       const __m512 hi = _mm512_permutex2var_ps(sum_quads(p[t][2]), pick, sum_quads(p[t][3]));
@@ -436,7 +490,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_int8_avx2(const Job*
   __m256 acc[RT][2];
   for (int t = 0; t < R; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < m->blocks; ++b) {
-    const uint8_t* blk = m->codes + (g * m->blocks + b) * m->bytes;
+    const uint8_t* blk = codes_at(m, g, b);
     __m256i d[RT][2];
     for (int t = 0; t < R; ++t) d[t][0] = d[t][1] = _mm256_setzero_si256();
     const int8_t* qa = r->qa + row0 * r->Kp + b * m->block;
@@ -454,7 +508,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_int8_avx2(const Job*
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 sw = _mm256_loadu_ps(m->scales + (g * m->blocks + b) * NC + 8 * h);
+      const __m256 sw = _mm256_loadu_ps(scales_at(m, g, b) + 8 * h);
       int32_t zp[NC];
       zero_points(m, g, b, zp);
       const __m256i zw = _mm256_loadu_si256((const __m256i*)(zp + 8 * h));
@@ -491,8 +545,7 @@ AVX512 static void group_fp32_avx512(const Job* job, int64_t g) {
 }
 #endif
 
-static void run_group(void* data, size_t task) {
-  const Job* job = (const Job*)data;
+static void run_group(const Job* job, size_t task) {
   const int int8 = job->m->accuracy == 4;
 #ifdef HAVE_X86_PATHS
   if (g_mm_isa == 1) {
@@ -511,6 +564,14 @@ static void run_group(void* data, size_t task) {
     group_int8_c(job, (int64_t)task);
   else
     group_fp32_c(job, (int64_t)task);
+}
+
+/* Groups task * per_task onwards: neighbours in memory, so that a task streams one run of it. */
+static void run_task(void* data, size_t task) {
+  const Job* job = (const Job*)data;
+  const int64_t first = (int64_t)task * job->m->per_task;
+  const int64_t end = first + job->m->per_task < job->m->groups ? first + job->m->per_task : job->m->groups;
+  for (int64_t g = first; g < end; ++g) run_group(job, (size_t)g);
 }
 
 /* ---- the operator --------------------------------------------------------------- */
@@ -534,34 +595,10 @@ static void ORT_CALL mm_compute_v1(void* kernel, OrtKernelContext* context) { (v
 static void ORT_CALL mm_destroy(void* p) {
   MatMul* m = (MatMul*)p;
   if (m == NULL) return;
-  free(m->codes);
-  free(m->scales);
+  free(m->memory);
   free(m->zero);
   free(m->offsets);
   free(m);
-}
-
-static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtKernelInfo* info, void** out) {
-  (void)op;
-  (void)api;
-  MatMul* m = (MatMul*)calloc(1, sizeof(MatMul));
-  if (m == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
-  m->K = attr_int(info, "K", 0);
-  m->N = attr_int(info, "N", 0);
-  m->bits = attr_int(info, "bits", 4);
-  m->block = attr_int(info, "block_size", 0);
-  m->accuracy = attr_int(info, "accuracy_level", 0);
-  if (m->K <= 0 || m->N <= 0 || (m->bits != 4 && m->bits != 8) || m->block < 16 || m->block > MAX_BLOCK ||
-      (m->block & (m->block - 1)) != 0) {
-    free(m);
-    return fail("MatMulNBits (engine.kernels): needs K > 0, N > 0, bits 4 or 8 and block_size a power of two "
-                "from 16 to 256");
-  }
-  m->blocks = (m->K + m->block - 1) / m->block;
-  m->groups = (m->N + NC - 1) / NC;
-  m->bytes = m->block * NC * m->bits / 8;
-  *out = m;
-  return NULL;
 }
 
 typedef struct Input {
@@ -594,12 +631,17 @@ static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales
       status = fail("MatMulNBits (engine.kernels): B, scales, zero_points or offsets do not match K, N, bits "
                     "and block_size");
     } else {
-      m->codes = (uint8_t*)calloc((size_t)(m->groups * m->blocks * m->bytes), 1);
-      m->scales = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
+      m->memory = calloc((size_t)(m->groups * m->blocks * m->stride) + 63, 1);
+      m->codes = m->memory != NULL ? (uint8_t*)(((uintptr_t)m->memory + 63) & ~(uintptr_t)63) : NULL;
       m->zdefault = m->bits == 4 ? 8 : 128;
       if (zp != NULL) m->zero = (uint8_t*)malloc((size_t)(m->groups * m->blocks * NC));
       if (offsets != NULL) m->offsets = (float*)malloc((size_t)(m->groups * m->blocks * NC) * sizeof(float));
-      if (m->codes == NULL || m->scales == NULL || (zp != NULL && m->zero == NULL) || (offsets != NULL && m->offsets == NULL)) {
+      if (m->codes == NULL || (zp != NULL && m->zero == NULL) || (offsets != NULL && m->offsets == NULL)) {
+        free(m->memory);
+        free(m->zero);
+        free(m->offsets);
+        m->memory = m->codes = m->zero = NULL;
+        m->offsets = NULL;
         status = API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
       } else {
         repack(m, (const uint8_t*)B->data, (const float*)scales->data,
@@ -610,6 +652,84 @@ static OrtStatus* ensure_repacked(MatMul* m, const Input* B, const Input* scales
   }
   STORE_RELEASE(&m->busy, 0);
   return status;
+}
+
+/* Whether input i of the node is given (an optional input may be left empty). */
+static int given_input(const OrtKernelInfo* info, size_t count, size_t i) {
+  size_t size = 0;
+  if (i >= count) return 0;
+  OrtStatus* status = API(KernelInfo_GetInputName)(info, i, NULL, &size);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return 1; /* cannot tell: taken as given, which keeps the repack for the first run */
+  }
+  return size > 1;
+}
+
+/* Input i as a constant of the graph, into *t (0 where it is not one or cannot be read). */
+static int constant_input(const OrtKernelInfo* info, size_t i, Input* t) {
+  int is_constant = 0;
+  const OrtValue* value = NULL;
+  OrtStatus* status = API(KernelInfoGetConstantInput_tensor)(info, i, &is_constant, &value);
+  if (status == NULL && is_constant && value != NULL) status = mm_describe(value, t);
+  else if (status == NULL) return 0;
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return 0;
+  }
+  return 1;
+}
+
+/* The weights repacked while the session loads, where every weight input is a constant of
+   the graph: the first run is not slowed by it, and the copy is in memory before the
+   engine moves the model's memory onto huge pages (engine/runtime/hugepages.py; made at the
+   first run, after that, the copy stayed on 4 KiB pages). Elsewhere the first run repacks
+   (ensure_repacked); a failure here is reported there too. */
+static void repack_at_load(MatMul* m, const OrtKernelInfo* info) {
+  size_t count = 0;
+  OrtStatus* status = API(KernelInfo_GetInputCount)(info, &count);
+  if (status != NULL) {
+    API(ReleaseStatus)(status);
+    return;
+  }
+  Input B, S, Z, O;
+  const int zp = given_input(info, count, 3), off = given_input(info, count, 6);
+  if (given_input(info, count, 4) || !constant_input(info, 1, &B) || !constant_input(info, 2, &S) ||
+      (zp && !constant_input(info, 3, &Z)) || (off && !constant_input(info, 6, &O)))
+    return;
+  status = ensure_repacked(m, &B, &S, zp ? &Z : NULL, off ? &O : NULL);
+  if (status != NULL) API(ReleaseStatus)(status);
+}
+
+static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)api;
+  MatMul* m = (MatMul*)calloc(1, sizeof(MatMul));
+  if (m == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
+  m->K = attr_int(info, "K", 0);
+  m->N = attr_int(info, "N", 0);
+  m->bits = attr_int(info, "bits", 4);
+  m->block = attr_int(info, "block_size", 0);
+  m->accuracy = attr_int(info, "accuracy_level", 0);
+  if (m->K <= 0 || m->N <= 0 || (m->bits != 4 && m->bits != 8) || m->block < 16 || m->block > MAX_BLOCK ||
+      (m->block & (m->block - 1)) != 0) {
+    free(m);
+    return fail("MatMulNBits (engine.kernels): needs K > 0, N > 0, bits 4 or 8 and block_size a power of two "
+                "from 16 to 256");
+  }
+  m->blocks = (m->K + m->block - 1) / m->block;
+  m->groups = (m->N + NC - 1) / NC;
+  m->bytes = m->block * NC * m->bits / 8;
+  m->stride = m->bytes + NC * (int64_t)sizeof(float);
+  {
+    int64_t per = TASK_BYTES / (m->blocks * m->stride);
+    const int64_t most = m->groups / 16; /* enough tasks to share out on a busy machine */
+    per = per > most ? most : per;
+    m->per_task = per < 1 ? 1 : per;
+  }
+  repack_at_load(m, info);
+  *out = m;
+  return NULL;
 }
 
 static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
@@ -651,7 +771,12 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
       r.sa = (float*)buffer;
       r.asum = (int32_t*)(r.sa + M * m->blocks);
       r.qa = (int8_t*)(r.asum + M * m->blocks);
-      quantize_rows(m, &r);
+#ifdef HAVE_X86_PATHS
+      if (g_mm_isa == 1)
+        quantize_rows_avx512(m, &r);
+      else
+#endif
+        quantize_rows(m, &r);
     }
   } else {
     buffer = malloc((size_t)(M * r.Kp) * sizeof(float));
@@ -673,7 +798,7 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
     return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
   }
   Job job = {m, &r, inputs[5] != NULL ? (const float*)bias.data : NULL, y};
-  OrtStatus* status = API(KernelContext_ParallelFor)(context, run_group, (size_t)m->groups, 0, &job);
+  OrtStatus* status = API(KernelContext_ParallelFor)(context, run_task, (size_t)((m->groups + m->per_task - 1) / m->per_task), 0, &job);
   free(buffer);
   free(sums);
   return status;
