@@ -58,11 +58,11 @@ enum { ELEM_UINT8 = 2 };
 #define NC 16      /* output columns per group (one AVX-512 register of floats) */
 #define RT 4       /* rows per tile */
 #define MAX_BLOCK 256
-#ifndef TASK_BYTES
-#define TASK_BYTES 0         /* bytes of weights a parallel task aims at (0: one group a task) */
-#endif
+/* How far ahead of its loads the AVX-512 code asks for weights, in bytes: the hardware
+   prefetcher stops at each 4 KiB page. 2 KiB: decode +10% on a 0.5B model (1 and 2 KiB
+   alike, 4 KiB worse; bench/README.md). */
 #ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 0     /* how far ahead of its loads a task asks for weights (bytes; 0: none) */
+#define PREFETCH_AHEAD 2048
 #endif
 
 /* A, B, scales, zero_points, g_idx, bias; then the engine's own: offsets, fp32 [blocks, N],
@@ -77,7 +77,6 @@ typedef struct MatMul {
   int64_t K, N, bits, block, accuracy;
   int64_t blocks, groups, bytes; /* blocks along K, groups of NC columns, code bytes per group block */
   int64_t stride;                /* bytes per group block: its codes, then its NC scales */
-  int64_t per_task;              /* groups per parallel task */
   long ready;                    /* the repacked weights below are there (atomic) */
   long busy;                     /* a run is repacking them (atomic) */
   void* memory;                  /* what `codes` was carved from (aligned to a cache line) */
@@ -317,7 +316,7 @@ AVX512 static inline __attribute__((always_inline)) void tile_int8_avx512(const 
     __m512i d0[RT], d1[RT];
     for (int t = 0; t < R; ++t) d0[t] = d1[t] = _mm512_setzero_si512();
     const int8_t* qa = r->qa + row0 * r->Kp + b * m->block;
-    if (PREFETCH_AHEAD > 0)
+    if (PREFETCH_AHEAD > 0) /* past the group's end: the next group's, in memory after it */
       for (int64_t o = 0; o < m->stride; o += 64) _mm_prefetch((const char*)blk + PREFETCH_AHEAD + o, _MM_HINT_T0);
     if (m->bits == 4) {
       for (int64_t p = 0; p < half; ++p) {
@@ -545,7 +544,8 @@ AVX512 static void group_fp32_avx512(const Job* job, int64_t g) {
 }
 #endif
 
-static void run_group(const Job* job, size_t task) {
+static void run_group(void* data, size_t task) {
+  const Job* job = (const Job*)data;
   const int int8 = job->m->accuracy == 4;
 #ifdef HAVE_X86_PATHS
   if (g_mm_isa == 1) {
@@ -564,14 +564,6 @@ static void run_group(const Job* job, size_t task) {
     group_int8_c(job, (int64_t)task);
   else
     group_fp32_c(job, (int64_t)task);
-}
-
-/* Groups task * per_task onwards: neighbours in memory, so that a task streams one run of it. */
-static void run_task(void* data, size_t task) {
-  const Job* job = (const Job*)data;
-  const int64_t first = (int64_t)task * job->m->per_task;
-  const int64_t end = first + job->m->per_task < job->m->groups ? first + job->m->per_task : job->m->groups;
-  for (int64_t g = first; g < end; ++g) run_group(job, (size_t)g);
 }
 
 /* ---- the operator --------------------------------------------------------------- */
@@ -721,12 +713,6 @@ static OrtStatus* ORT_CALL mm_create(const void* op, const void* api, const OrtK
   m->groups = (m->N + NC - 1) / NC;
   m->bytes = m->block * NC * m->bits / 8;
   m->stride = m->bytes + NC * (int64_t)sizeof(float);
-  {
-    int64_t per = TASK_BYTES / (m->blocks * m->stride);
-    const int64_t most = m->groups / 16; /* enough tasks to share out on a busy machine */
-    per = per > most ? most : per;
-    m->per_task = per < 1 ? 1 : per;
-  }
   repack_at_load(m, info);
   *out = m;
   return NULL;
@@ -798,7 +784,7 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
     return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
   }
   Job job = {m, &r, inputs[5] != NULL ? (const float*)bias.data : NULL, y};
-  OrtStatus* status = API(KernelContext_ParallelFor)(context, run_task, (size_t)((m->groups + m->per_task - 1) / m->per_task), 0, &job);
+  OrtStatus* status = API(KernelContext_ParallelFor)(context, run_group, (size_t)m->groups, 0, &job);
   free(buffer);
   free(sums);
   return status;
