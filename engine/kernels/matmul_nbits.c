@@ -58,11 +58,12 @@ enum { ELEM_UINT8 = 2 };
 #define NC 16      /* output columns per group (one AVX-512 register of floats) */
 #define RT 4       /* rows per tile */
 #define MAX_BLOCK 256
-/* How far ahead of its loads the AVX-512 code asks for weights, in bytes: the hardware
+/* How far ahead of its loads the vector code asks for weights, in bytes: the hardware
    prefetcher stops at each 4 KiB page. Measured 2026-12-05 on the 2-core x86-64 VM (24 GiB,
    AVX-512 VNNI), decode of a 0.5B-class int4 model after 32 tokens, fresh processes taking
    turns, medians: none 15.4, 1 KiB 16.7-17.1, 2 KiB 16.5-17.5, 4 KiB 14.0 tok/s (load 6-7;
-   build with CFLAGS=-DPREFETCH_AHEAD=n to compare). */
+   build with CFLAGS=-DPREFETCH_AHEAD=n to compare); the AVX2 code on the same machine
+   (ONNX_GENAI_KERNELS=avx2): none 13.3, 2 KiB 15.4 (load 6). */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
@@ -495,6 +496,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_int8_avx2(const Job*
     __m256i d[RT][2];
     for (int t = 0; t < R; ++t) d[t][0] = d[t][1] = _mm256_setzero_si256();
     const int8_t* qa = r->qa + row0 * r->Kp + b * m->block;
+    if (PREFETCH_AHEAD > 0)
+      for (int64_t o = 0; o < m->stride; o += 64) _mm_prefetch((const char*)blk + PREFETCH_AHEAD + o, _MM_HINT_T0);
     for (int64_t p = 0; p < half; ++p) {
       for (int h = 0; h < 2; ++h) { /* columns 8h .. 8h+7 */
         const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + p * 64 + h * 32));
