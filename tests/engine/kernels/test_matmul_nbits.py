@@ -300,12 +300,13 @@ def test_weights_given_at_run_time_are_repacked_by_the_first_run():
     same bits as with constant weights."""
     layout = LAYOUTS["int4 b32 zp acc4 odd"]
     constant = onnx.load_from_string(_model(KERNEL_DOMAIN, layout))
-    graph = constant.graph
-    given = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    given = {t.name: numpy_helper.to_array(t) for t in constant.graph.initializer}
     fed = onnx.load_from_string(_model(KERNEL_DOMAIN, layout))
     del fed.graph.initializer[:]
-    fed.graph.input.extend([helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                                          list(v.shape)) for name, v in given.items()])
+    fed.graph.input.extend([
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                      list(v.shape)) for name, v in given.items()])
     a = _rows(layout[4], 5)
     ours = _session(fed.SerializeToString()).run(None, {"A": a, **given})[0]
-    np.testing.assert_array_equal(ours, _session(constant.SerializeToString()).run(None, {"A": a})[0])
+    theirs = _session(constant.SerializeToString()).run(None, {"A": a})[0]
+    np.testing.assert_array_equal(ours, theirs)
