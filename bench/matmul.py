@@ -14,7 +14,9 @@ Arms, each measurement in a fresh process, order rotated every round, best of --
   commit before these kernels), for "no slower than before".
 
 Each generates --new-tokens greedily after a prompt of each length (bench._workers, the
-clock of bench.decode and bench.builtin_model). Writes bench/out/matmul.json.
+clock of bench.decode and bench.builtin_model). The table gives ours / other of the bests
+and, as "paired", the median over rounds of the ratio within a round. Writes
+bench/out/matmul.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +71,22 @@ def run_worker(arm: str, prompt_len: int, args: argparse.Namespace) -> dict[str,
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _paired(runs: list[dict[str, Any]], other: str, n: int) -> dict[str, float]:
+    """The median over rounds of ours / `other` within a round: steadier than the ratio of
+    bests where other programs load the machine now and then (a best may come from a quiet
+    moment that only one arm had)."""
+    out: dict[str, float] = {}
+    for key in ("decode_tok_s", "prefill_tok_s"):
+        ratios = []
+        for rnd in {r["round"] for r in runs}:
+            got = {r["arm"]: r[key] for r in runs if r["round"] == rnd and r["prompt_len"] == n}
+            if "ours" in got and other in got and got[other] > 0:
+                ratios.append(got["ours"] / got[other])
+        if ratios:
+            out[key] = statistics.median(ratios)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -104,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             theirs = table.get(f"{other}@{n}")
             if ours and theirs:
                 table[f"ours/{other}@{n}"] = {k: ours[k] / theirs[k] for k in ours}
+                table[f"ours/{other}@{n} paired"] = _paired(runs, other, n)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "matmul.json").write_text(json.dumps({"table": table, "runs": runs}, indent=2))
     print(json.dumps(table, indent=2))

@@ -77,9 +77,10 @@ enum {
   SLOT_CreateOp = 213,
   SLOT_InvokeOp = 214,
   SLOT_ReleaseOp = 215,
-  SLOT_KernelInfo_GetInputCount = 230,
-  SLOT_KernelInfoGetConstantInput_tensor = 249,
   SLOT_KernelContext_ParallelFor = 274,
+  SLOT_KernelInfoGetConstantInput_tensor = 249,
+  SLOT_KernelInfo_GetInputCount = 230,
+  SLOT_KernelInfo_GetInputName = 232,
 };
 
 enum { ELEM_FLOAT = 1, ELEM_INT32 = 6 };
@@ -111,9 +112,10 @@ typedef OrtStatus*(ORT_CALL* CreateOp_t)(const OrtKernelInfo*, const char*, cons
 typedef OrtStatus*(ORT_CALL* InvokeOp_t)(const OrtKernelContext*, const OrtOp*, const OrtValue* const*, int,
                                        OrtValue* const*, int);
 typedef void(ORT_CALL* ReleaseOp_t)(OrtOp*);
-typedef OrtStatus*(ORT_CALL* KernelInfo_GetInputCount_t)(const OrtKernelInfo*, size_t*);
 typedef OrtStatus*(ORT_CALL* KernelInfoGetConstantInput_tensor_t)(const OrtKernelInfo*, size_t, int*,
-                                                                const OrtValue**);
+                                                                 const OrtValue**);
+typedef OrtStatus*(ORT_CALL* KernelInfo_GetInputCount_t)(const OrtKernelInfo*, size_t*);
+typedef OrtStatus*(ORT_CALL* KernelInfo_GetInputName_t)(const OrtKernelInfo*, size_t, char*, size_t*);
 typedef OrtStatus*(ORT_CALL* KernelContext_ParallelFor_t)(const OrtKernelContext*, void (*)(void*, size_t), size_t,
                                                         size_t, void*);
 
