@@ -260,6 +260,8 @@ def summary(report: dict[str, Any]) -> str:
     ]
     kernels = report["engine_kernels"]
     lines.append(f"Attention (CPU): {kernels['summary']}")
+    if kernels.get("kv_reason"):
+        lines.append(f"                 {kernels['kv_summary']}")
     if not kernels["ready"] or kernels["reason"]:
         lines.append(f"                 {kernels['line']}")
     warnings = report["warnings"]

@@ -226,17 +226,20 @@ class KernelUse:
             text += f"; {self.matmul_moved} of {self.matmul_nodes} MatMulNBits nodes run the " \
                 "engine kernel" + _others(self.matmul_nodes - self.matmul_moved,
                                           self.matmul_kept)
-        if self.kv_dtype is not None:
-            text += f"; KV cache {self.kv_dtype}" + \
-                (f" ({self.kv_reason})" if self.kv_reason else "")
         return text
+
+    def kv_line(self) -> str | None:
+        """The KV cache's element type, and why it is not float16 (None: no KV)."""
+        if self.kv_dtype is None:
+            return None
+        return f"KV cache {self.kv_dtype}" + (f" ({self.kv_reason})" if self.kv_reason else "")
 
     def as_dict(self) -> dict[str, object]:
         return {**self.status.as_dict(), "attention_nodes": self.nodes, "moved": self.moved,
                 "kept": dict(self.kept), "matmul_nodes": self.matmul_nodes,
                 "matmul_moved": self.matmul_moved, "matmul_kept": dict(self.matmul_kept),
                 "kv_dtype": self.kv_dtype, "kv_reason": self.kv_reason,
-                "summary": self.line()}
+                "kv_summary": self.kv_line(), "summary": self.line()}
 
 
 def _others(count: int, kept: Counter[str]) -> str:

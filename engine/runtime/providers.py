@@ -269,6 +269,8 @@ def log_kernel_use(model: str, use: KernelUse) -> None:
     missing = use.kept.keys() & {_NOT_READY["not built"], _NOT_READY["cannot load"]}
     log.log(logging.WARNING if missing else logging.INFO, "model %s: %s (%s)", model,
             use.line(), use.status.line())
+    if use.kv_line():
+        log.info("model %s: %s", model, use.kv_line())
 
 
 def _kept(status: kernels.KernelStatus, nodes: int, why: str, matmuls: int = 0) -> KernelUse:

@@ -158,6 +158,9 @@ def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None
         use = current.engine.kernel_use
         if use is not None:
             startup_log.info("attention: %s", use.line())
+            if use.kv_line():
+                startup_log.info("kv: %s, %d bytes a token", use.kv_line(),
+                                 current.engine.spec.kv_bytes_per_token)
     startup_log.info("kernels: %s", kernel_status().line())
     startup_log.info("limits: queue %d, body %d bytes, read timeout %g s, batch %s, "
                      "kv_max_len %s, vram %s, host RAM %s, KV store %s; API key %s, CORS %s",

@@ -23,8 +23,8 @@ from engine.scheduling.scheduler import Scheduler
 built = pytest.mark.skipif(kernels.library() is None,
                            reason="the engine's kernels were not built (no C compiler)")
 #: The most a float16 cache moved a forged model's logits from a float32 cache's, over
-#: the logits' largest magnitude (measured: 1.1e-3 on genai_model_dir, 200 + 40 tokens).
-F16_DRIFT = 4e-3
+#: the logits' largest magnitude (measured: 6.2e-4 on genai_model_dir, 200 + 40 tokens).
+F16_DRIFT = 2e-3
 
 
 def _load(folder: Path, **config: Any) -> Engine:
@@ -121,7 +121,7 @@ def test_the_engine_keeps_float16_kv_at_half_the_bytes_of_float32(genai_model_di
     assert half.describe()["kv"] == {"dtype": "float16",
                                      "bytes_per_token": half.spec.kv_bytes_per_token}
     assert half.kernel_use is not None and half.kernel_use.kv_dtype == "float16"
-    assert "KV cache float16" in half.kernel_use.line()
+    assert half.kernel_use.kv_line() == "KV cache float16"
     assert full.kernel_use is not None and \
         full.kernel_use.kv_reason == "kv_dtype float32 asked for"
     # the governor counts pages of the real size: twice the tokens in the same bytes

@@ -39,7 +39,7 @@ def test_kv_dtype_float32_is_said_at_start(model_dir: Path, tmp_path: Path):
     assert proc.stdout.readline()  # the ready line
     proc.terminate()
     _, stderr = proc.communicate(timeout=60)
-    assert "KV cache float32 (kv_dtype float32 asked for)" in stderr
+    assert "kv: KV cache float32 (kv_dtype float32 asked for), " in stderr
 
 
 def test_a_kv_dtype_the_engine_does_not_know_is_refused(tmp_path: Path):
