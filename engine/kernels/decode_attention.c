@@ -619,7 +619,7 @@ static void attend_chunk(void* data, size_t task) {
   const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
   const int64_t D = s->head_size;
   float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
-  float small[4 * (CHUNK + MAX_HEAD)];
+  float small[4 * (CHUNK + MAX_HEAD) + TILE * 64]; /* and a float16 tile of head size 64 or less */
   const size_t need = (size_t)(s->group * (CHUNK + D) + (s->f16 ? TILE * D : 0));
   float* scratch = need <= sizeof small / sizeof small[0] ? small : (float*)malloc(need * sizeof(float));
   if (scratch == NULL) {
