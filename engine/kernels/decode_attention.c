@@ -326,7 +326,37 @@ __attribute__((target("avx,f16c"))) static void halves_f16c(const uint16_t* h, i
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
   for (; i < n; ++i) f[i] = half_to_float(h[i]);
 }
+
+/* The same rounding as float_to_half (to nearest, ties to even; NaN kept quiet). */
+__attribute__((target("avx512f"))) static void floats_avx512(const float* f, int64_t n, uint16_t* h) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(h + i), _mm512_cvtps_ph(_mm512_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = float_to_half(f[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void floats_f16c(const float* f, int64_t n, uint16_t* h) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = float_to_half(f[i]);
+}
 #endif
+
+/* h[i] = float_to_half(f[i]), for i < n. */
+static void floats_to_halves(const float* f, int64_t n, uint16_t* h) {
+#ifdef HAVE_X86_PATHS
+  if (g_half == 2) {
+    floats_avx512(f, n, h);
+    return;
+  }
+  if (g_half == 1) {
+    floats_f16c(f, n, h);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) h[i] = float_to_half(f[i]);
+}
 
 /* f[i] = the float16 h[i] as a float, for i < n. */
 static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
@@ -619,7 +649,7 @@ static void attend_chunk(void* data, size_t task) {
   const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
   const int64_t D = s->head_size;
   float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
-  float small[4 * (CHUNK + MAX_HEAD)];
+  float small[4 * (CHUNK + MAX_HEAD) + TILE * 64]; /* and a float16 tile of head size 64 or less */
   const size_t need = (size_t)(s->group * (CHUNK + D) + (s->f16 ? TILE * D : 0));
   float* scratch = need <= sizeof small / sizeof small[0] ? small : (float*)malloc(need * sizeof(float));
   if (scratch == NULL) {
@@ -779,7 +809,7 @@ static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, c
     uint16_t* bits = NULL;
     status = API(KernelContext_GetOutput)(context, 1 + (size_t)i, kv_dims, 4, &present);
     if (status == NULL) status = API(GetTensorMutableData)(present, (void**)&bits);
-    for (int64_t e = 0; status == NULL && e < kv_count; ++e) bits[e] = float_to_half(present32[i][e]);
+    if (status == NULL) floats_to_halves(present32[i], kv_count, bits);
   }
   for (int i = 0; i < 4; ++i)
     if (made[i] != NULL) API(ReleaseValue)(made[i]);
@@ -908,8 +938,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
         memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
         if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
         uint16_t *kh = (uint16_t*)present_k + at, *vh = (uint16_t*)present_v + at;
-        for (int64_t d = 0; d < D; ++d) kh[d] = float_to_half(kd[d]);
-        for (int64_t d = 0; d < D; ++d) vh[d] = float_to_half(vin[g * D + d]);
+        floats_to_halves(kd, D, kh);
+        floats_to_halves(vin + g * D, D, vh);
         continue;
       }
       float* kd = (float*)present_k + at;
