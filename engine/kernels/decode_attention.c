@@ -274,16 +274,23 @@ static int g_half;
 
 /* ---- float16 (IEEE binary16) ------------------------------------------------------- */
 
-/* A float16's value as a float (exact; a signalling NaN comes back quiet, as from F16C). */
+/* A float16's value as a float (exact; a signalling NaN comes back quiet, as from F16C).
+   Without branches, so that a loop of it vectorises (the plain C path): a normal number
+   is its bits moved up with the exponent rebiased; a subnormal m * 2^-24 is
+   2^-14 * (1 + m / 1024) - 2^-14, computed exactly in float. */
 static inline float half_to_float(uint16_t h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  uint32_t bits;
-  if (e == 0) { /* zero or subnormal: m * 2^-24, a normal float */
-    const float f = (float)m * 5.9604644775390625e-8f;
-    return sign ? -f : f;
-  }
-  if (e == 0x1f) bits = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
-  else bits = sign | ((e + 112u) << 23) | (m << 13);
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  /* all ones where true (masks, not branches: the loop stays vectorisable) */
+  const uint32_t is_sub = 0u - (uint32_t)(em < 0x400u), is_special = 0u - (uint32_t)(em >= 0x7c00u);
+  const uint32_t is_nan = 0u - (uint32_t)(em > 0x7c00u);
+  const uint32_t normal = ((em << 13) + 0x38000000u + (is_special & 0x38000000u)) | (is_nan & 0x400000u);
+  const uint32_t scaled_bits = (em << 13) + 0x38800000u;
+  float scaled, subnormal;
+  memcpy(&scaled, &scaled_bits, sizeof scaled);
+  subnormal = scaled - 6.103515625e-05f; /* 2^-14 */
+  uint32_t sub_bits;
+  memcpy(&sub_bits, &subnormal, sizeof sub_bits);
+  const uint32_t bits = (sub_bits & is_sub) | (normal & ~is_sub) | sign;
   float f;
   memcpy(&f, &bits, sizeof f);
   return f;
@@ -358,8 +365,9 @@ static void floats_to_halves(const float* f, int64_t n, uint16_t* h) {
   for (int64_t i = 0; i < n; ++i) h[i] = float_to_half(f[i]);
 }
 
-/* f[i] = the float16 h[i] as a float, for i < n. */
-static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
+/* f[i] = the float16 h[i] as a float, for i < n (the plain C loop compiled for the wider
+   vector units too: HOT). */
+HOT static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
 #ifdef HAVE_X86_PATHS
   if (g_half == 2) {
     halves_avx512(h, n, f);
