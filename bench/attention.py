@@ -5,7 +5,10 @@ layer of the built-in model's shape (30 layers,
 9 query heads over 3 KV heads of 64, RoPE in the node, fp32 cache shared by past and
 present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
-``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512), at
+``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
+``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
+float16 cache; ``base``: the fp32 operator of the library at ``--base-library``, another
+build to compare with), at
 several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
 512 tokens after 1,500). Every arm
 and length runs in a fresh process, order rotated each round; the best of the rounds
@@ -13,7 +16,8 @@ counts. Reports ms per step (30 layers), the cache bytes read per ms (each posit
 and value once per KV head), and the ratios.
 
     .venv/bin/python -m bench.attention [--lens 512,2000,4000,8000] [--rounds 5] [--threads 2]
-                                        [--new 1]
+                                        [--new 1] [--arms ort,ours,ours-f16,...]
+                                        [--base-library PATH]
 
 Writes bench/out/attention.json.
 """
@@ -35,11 +39,12 @@ if str(REPO) not in sys.path:
 from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
-ARMS = ("ort", "ours", "ours-avx2", "ours-portable")
+ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
+MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
-def _graph(domain: str, capacity: int, new: int) -> bytes:
+def _graph(domain: str, capacity: int, new: int, f16: bool = False) -> bytes:
     from onnx import TensorProto, helper
 
     from engine.model.graph_passes import KERNEL_DOMAIN
@@ -52,18 +57,18 @@ def _graph(domain: str, capacity: int, new: int) -> bytes:
               helper.make_tensor_value_info("sin", TensorProto.FLOAT, [capacity, HEAD // 2])]
     nodes, outputs = [], []
     cache = [1, KV_HEADS, capacity, HEAD]
+    kv_type = TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
     for i in range(LAYERS):
         nodes.append(helper.make_node(
-            "GroupQueryAttention", ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total",
-                                    "cos", "sin"], [f"o{i}", f"k{i}", f"v{i}"],
+            "GroupQueryAttentionF16KV" if f16 else "GroupQueryAttention",
+            ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total", "cos", "sin"],
+            [f"o{i}", f"k{i}", f"v{i}"],
             domain=domain, num_heads=HEADS, kv_num_heads=KV_HEADS, do_rotary=1,
             scale=HEAD ** -0.5))
-        inputs += [helper.make_tensor_value_info(f"p{kv}{i}", TensorProto.FLOAT, cache)
-                   for kv in "kv"]
+        inputs += [helper.make_tensor_value_info(f"p{kv}{i}", kv_type, cache) for kv in "kv"]
         outputs += [helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT,
                                                   [1, new, HEADS * HEAD])]
-        outputs += [helper.make_tensor_value_info(f"{kv}{i}", TensorProto.FLOAT, cache)
-                    for kv in "kv"]
+        outputs += [helper.make_tensor_value_info(f"{kv}{i}", kv_type, cache) for kv in "kv"]
     model = helper.make_model(
         helper.make_graph(nodes, "attention", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
@@ -80,6 +85,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     from engine.config import SPIN_US
     from engine.model.graph_passes import KERNEL_DOMAIN
 
+    f16 = arm.startswith("ours-f16")
     library = kernels.library()
     if arm != "ort" and library is None:
         raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
@@ -90,7 +96,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     if library is not None:
         options.register_custom_ops_library(str(library))
     session = ort.InferenceSession(
-        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new), options,
+        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new, f16), options,
         providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     binding = session.io_binding()
@@ -98,9 +104,10 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     for i in range(LAYERS):
         for kv in "kv":
             cache = rng.standard_normal((1, KV_HEADS, capacity, HEAD), dtype=np.float32)
+            cache = cache.astype(np.float16) if f16 else cache
             keep.append(cache)
-            binding.bind_input(f"p{kv}{i}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
-            binding.bind_output(f"{kv}{i}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+            binding.bind_input(f"p{kv}{i}", "cpu", 0, cache.dtype, cache.shape, cache.ctypes.data)
+            binding.bind_output(f"{kv}{i}", "cpu", 0, cache.dtype, cache.shape, cache.ctypes.data)
         binding.bind_output(f"o{i}", "cpu")
     angles = np.arange(capacity)[:, None] * 10000.0 ** (-np.arange(HEAD // 2) / (HEAD // 2))
     binding.bind_cpu_input("cos", np.cos(angles).astype(np.float32))
@@ -118,7 +125,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
         times.append(time.perf_counter() - start)
     times.sort()
     ms = times[len(times) // 2] * 1e3
-    read = LAYERS * 2 * KV_HEADS * length * HEAD * 4  # bytes of cache a step reads
+    read = LAYERS * 2 * KV_HEADS * length * HEAD * (2 if f16 else 4)  # cache bytes a step reads
     return {"arm": arm, "length": length, "new": new, "step_ms": ms, "best_ms": times[0] * 1e3,
             "gb_s": read / ms / 1e6}
 
@@ -130,39 +137,53 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--new", type=int, default=1, help="new tokens per run (1: a decode step)")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help=f"which arms, of {', '.join(ARMS + MORE_ARMS)}")
+    p.add_argument("--base-library", default="",
+                   help="the library whose fp32 operator the arm 'base' runs")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
-        if arm in ("ours-portable", "ours-avx2"):  # read by the library at load
-            os.environ["ONNX_GENAI_KERNELS"] = arm.removeprefix("ours-")
+        if arm.endswith(("-portable", "-avx2")):  # read by the library at load
+            os.environ["ONNX_GENAI_KERNELS"] = arm.rpartition("-")[2]
+        if arm == "base":
+            os.environ["ONNX_GENAI_KERNELS_LIBRARY"] = args.base_library
         print(json.dumps(worker(arm, length, args.threads, args.steps, args.new)), flush=True)
         return 0
     lens = [int(n) for n in args.lens.split(",") if n]
-    jobs = [(a, n) for n in lens for a in ARMS]
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS + MORE_ARMS]
+    if unknown or ("base" in arms and not Path(args.base_library).is_file()):
+        p.error(f"unknown arms {unknown} (known: {', '.join(ARMS + MORE_ARMS)})" if unknown
+                else "the arm 'base' needs --base-library PATH, a built library")
+    jobs = [(a, n) for n in lens for a in arms]
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         shift = (rnd * 5) % len(jobs)
         for arm, n in jobs[shift:] + jobs[:shift]:
             result = run_worker("bench.attention", "--threads", str(args.threads), "--steps",
-                                str(args.steps), "--new", str(args.new), "--worker", arm, str(n))
+                                str(args.steps), "--new", str(args.new), "--base-library",
+                                args.base_library, "--worker", arm, str(n))
             runs.append({**result, "round": rnd, "loadavg": os.getloadavg()})
             print(f"round {rnd} {arm} {n}: {result['step_ms']:.2f} ms", flush=True)
-    print(f"\n{args.new} new token(s) a run\n\n| cache length | ms per run (30 layers) ort / "
-          "ours / ours-avx2 / ours-portable | GB/s of cache read, ours | ort / ours | "
-          "ours-portable / ours |")
-    print("|---|---|---|---|---|")
+    others = [a for a in arms if a != "ours"]
+    ratios = [f"{a} / ours" for a in others] if "ours" in arms else []
+    print(f"\n{args.new} new token(s) a run; best of {args.rounds} rounds\n\n| cache length | "
+          f"ms per run (30 layers) {' / '.join(arms)} | GB/s of cache read, "
+          f"{' / '.join(arms)} | {' | '.join(ratios)} |")
+    print("|---|---|---|" + "---|" * len(ratios))
     summary: dict[str, Any] = {}
     for n in lens:
-        best = {a: min(r["step_ms"] for r in runs if r["arm"] == a and r["length"] == n)
-                for a in ARMS}
-        gb_s = max(r["gb_s"] for r in runs if r["arm"] == "ours" and r["length"] == n)
-        summary[str(n)] = {**best, "ours_gb_s": gb_s, "ort/ours": best["ort"] / best["ours"],
-                           "portable/ours": best["ours-portable"] / best["ours"]}
-        print(f"| {n} | {best['ort']:.2f} / {best['ours']:.2f} / {best['ours-avx2']:.2f} / "
-              f"{best['ours-portable']:.2f} "
-              f"| {gb_s:.1f} | {best['ort'] / best['ours']:.2f} | "
-              f"{best['ours-portable'] / best['ours']:.2f} |")
+        mine = [r for r in runs if r["length"] == n]
+        best = {a: min(r["step_ms"] for r in mine if r["arm"] == a) for a in arms}
+        gb_s = {a: max(r["gb_s"] for r in mine if r["arm"] == a) for a in arms}
+        summary[str(n)] = {**best, "gb_s": gb_s,
+                           **{f"{a}/ours": best[a] / best["ours"] for a in others
+                              if "ours" in arms}}
+        row = [f"{best[a] / best['ours']:.2f}" for a in others] if "ours" in arms else []
+        print(f"| {n} | {' / '.join(f'{best[a]:.2f}' for a in arms)} | "
+              f"{' / '.join(f'{gb_s[a]:.1f}' for a in arms)} | {' | '.join(row)} |")
     OUT.mkdir(parents=True, exist_ok=True)
     name = "attention.json" if args.new == 1 else f"attention-new{args.new}.json"
     (OUT / name).write_text(json.dumps(

@@ -18,7 +18,7 @@ first log-probability whose bits differ). Prompts are this repository's own text
 of any training set).
 
     .venv/bin/python -m bench.invariance --model builtin=resources/models/smollm2-135m-instruct \\
-        [--model NAME=DIR ...] [--paths repeat,batch4,...] [--new 48]
+        [--model NAME=DIR ...] [--paths repeat,batch4,...] [--new 48] [--kv-dtype float32]
 
 Writes bench/out/invariance.json and prints the matrix (rows: paths; columns: models).
 ``bench.same_answer`` is its companion for models built in code (forged int4 layouts and
@@ -70,10 +70,15 @@ def _answer(result: Any) -> Answer:
     return tuple(result.token_ids), tuple(lp.logprob for lp in result.logprobs)
 
 
+#: EngineConfig.kv_dtype of every engine (--kv-dtype).
+KV_DTYPE = {"value": "auto"}
+
+
 def _engine(folder: Path, **config: Any) -> Any:
     from engine import Engine, EngineConfig
 
-    return Engine.load(folder, EngineConfig(intra_op_threads=2, **config))
+    return Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype=KV_DTYPE["value"],
+                                            **config))
 
 
 def _batch4(folder: Path, prompts: list[str], i: int, new: int) -> Answer:
@@ -145,7 +150,11 @@ def main() -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--new", type=int, default=48)
+    p.add_argument("--kv-dtype", choices=("auto", "float16", "float32"), default="auto",
+                   help="the KV cache's element type (EngineConfig.kv_dtype; default auto: "
+                        "float16 where the engine's kernel runs attention)")
     args = p.parse_args()
+    KV_DTYPE["value"] = args.kv_dtype
     models = dict(m.split("=", 1) for m in args.model)
     paths = [x for x in args.paths.split(",") if x]
     prompts = _prompts()
@@ -163,7 +172,8 @@ def main() -> int:
         print(f"| {path} | " + " | ".join(table[path][n] for n in names) + " |")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "invariance.json").write_text(json.dumps(
-        {"models": models, "new": args.new, "table": table}, indent=1))
+        {"models": models, "new": args.new, "kv_dtype": args.kv_dtype, "table": table},
+        indent=1))
     return 0
 
 

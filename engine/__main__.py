@@ -86,6 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      "text, faster where the text repeats; auto: prompt lookup where the "
                      "engine's kernels keep the text exactly the same (docs/speculative.md) "
                      "(default auto)")
+    from engine.server.cli import add_kv_dtype
+
+    add_kv_dtype(gen)
     gen.add_argument("--draft-model", metavar="FOLDER",
                      help="draft model folder for --speculative draft_model (default: none)")
     gen.add_argument("--truncate-prompt", action="store_true",
@@ -167,7 +170,8 @@ def _generate(args: argparse.Namespace) -> int:
         request = GenerateRequest(prompt=args.prompt, options=options)
     engine = Engine.load(args.model, EngineConfig(
         provider=args.provider, intra_op_threads=args.threads, vram_limit=args.vram_limit,
-        host_ram_limit=args.host_ram_limit, draft_model=args.draft_model))
+        host_ram_limit=args.host_ram_limit, draft_model=args.draft_model,
+        kv_dtype=args.kv_dtype))
     result = None
     for event in engine.stream(request):
         if args.stream and event.text and not args.json:
@@ -256,6 +260,8 @@ def summary(report: dict[str, Any]) -> str:
     ]
     kernels = report["engine_kernels"]
     lines.append(f"Attention (CPU): {kernels['summary']}")
+    if kernels.get("kv_reason"):
+        lines.append(f"                 {kernels['kv_summary']}")
     if not kernels["ready"] or kernels["reason"]:
         lines.append(f"                 {kernels['line']}")
     warnings = report["warnings"]

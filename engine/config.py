@@ -16,6 +16,8 @@ from engine.sizes import parse_limit
 StopSequence = str | tuple[int, ...]
 
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
+#: `EngineConfig.kv_dtype`'s values.
+KV_DTYPES: tuple[str, ...] = ("auto", "float16", "float32")
 #: How long ORT's idle threads spin, µs, in the engine and the worker: long enough to bridge
 #: the gaps between a decode step's operators (a single-threaded operator between two
 #: parallel ones: 5 µs lost 18% of the built-in model's decode on a quiet machine, 10 µs
@@ -248,11 +250,22 @@ class EngineConfig:
     #: (engine/kernels: each KV head's cache read once for all its query heads, positions
     #: split across the threads); off, or not built, = ONNX Runtime's kernel throughout.
     own_kernels: bool = True
+    #: The live KV cache's element type on the CPU: "auto" = float16 where the engine's
+    #: kernel runs every attention node (engine.model.kv16_pass: half the KV bytes per
+    #: token), else the model's own; "float16" the same, and a load error where it cannot
+    #: apply; "float32" keeps a float32 export's KV as it is. A model exported with float16
+    #: KV (GPU exports) keeps it whatever this says.
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise InvalidOptionError("provider", f"expected one of {', '.join(PROVIDERS)}, "
                                      f"got {self.provider!r}", hint="use 'auto' to pick one")
+        if self.kv_dtype not in KV_DTYPES:
+            raise InvalidOptionError("kv_dtype", f"expected one of {', '.join(KV_DTYPES)}, "
+                                     f"got {self.kv_dtype!r}",
+                                     hint="use 'auto' (float16 where the engine's kernel "
+                                          "runs attention) or 'float32'")
         if self.intra_op_threads is not None:
             _check_int("intra_op_threads", self.intra_op_threads, minimum=1,
                        hint="leave unset to use the physical cores")

@@ -426,6 +426,8 @@ class Engine:
                 "context_length": self.context_length,
                 # the input asking for the last rows' logits only (engine.model.graph_passes)
                 "logits_to_keep": self.spec.logits_to_keep,
+                "kv": {"dtype": self.spec.kv_pairs[0].dtype if self.spec.kv_pairs else None,
+                       "bytes_per_token": self.spec.kv_bytes_per_token},
                 **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe(),

@@ -219,8 +219,11 @@ class GaugesPanel(QWidget):
             figures += f"\n{words}"
         pool, cache = kv.get("pool") or {}, kv.get("prefix_cache") or {}
         sessions = kv.get("sessions") or {}
+        per_token = kv.get("bytes_per_token")
+        of = f": {kv.get('dtype')} KV, {human(per_token)} a token" \
+            if kv.get("dtype") and isinstance(per_token, int) else ""
         details = [f"pages: {pool.get('pages', 0)} of {pool.get('max_pages', '?')} "
-                   f"({human(kv.get('page_bytes'))} each)",
+                   f"({human(kv.get('page_bytes'))} each{of})",
                    f"prefix cache: {cache.get('pages', 0)} pages, {cache.get('hits', 0)} hits "
                    f"of {cache.get('lookups', 0)} lookups",
                    f"chats with kept KV: {sessions.get('named', 0)}"]

@@ -24,9 +24,11 @@ bench.fit_speed`` and ``python -m bench.catalog_table`` set it beside the measur
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine import kernels
 from engine.config import EngineConfig
 from engine.hub.bandwidth import ReadSpeed, rotary_bytes
 from engine.hub.remote import ModelShape
@@ -121,6 +123,15 @@ def engine_provider(config: EngineConfig, weights_bytes: int) -> str:
     return placement.provider if placement.provider != "auto" else "cpu"
 
 
+def engine_kv(shape: ModelShape, config: EngineConfig, provider: str) -> ModelShape:
+    """``shape`` with the KV the engine keeps: float16 on the CPU where its kernel runs
+    attention and ``config.kv_dtype`` allows (engine.model.kv16_pass), else as exported."""
+    if shape.kv_dtype_bytes == 4 and provider == "cpu" and config.kv_dtype != "float32" \
+            and config.own_kernels and kernels.status().ready and kernels.f16kv_ready():
+        return dataclasses.replace(shape, kv_dtype_bytes=2)
+    return shape
+
+
 def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = None, *,
            bandwidth: Bandwidth = None, provider: str | None = None,
            estimated: bool = False, quantized: bool = False) -> Fit:
@@ -130,6 +141,7 @@ def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = 
     config = config or EngineConfig()
     provider = provider or engine_provider(config, weights_bytes)
     context = min(shape.context, config.kv_max_len or shape.context)
+    shape = engine_kv(shape, config, provider)
     per_token = shape.kv_bytes_per_token
     governor = governor_for(config, provider, max(per_token * config.kv_page_size, 1),
                             weights_bytes)

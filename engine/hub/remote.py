@@ -36,7 +36,9 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     context: int
-    kv_dtype_bytes: int  # 4: float32 KV (CPU exports, GGUF imports); 2: float16
+    #: 4: float32 KV (CPU exports, GGUF imports); 2: float16. As exported: the engine
+    #: keeps float32 KV in float16 on the CPU where its kernel applies (hub.fit.engine_kv).
+    kv_dtype_bytes: int
     architecture: str = ""
 
     @property

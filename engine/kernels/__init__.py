@@ -94,6 +94,24 @@ def matmul_fp32_fast() -> bool:
     return matmul_paths() == "avx512-vnni" or matmul_eight_bit()
 
 
+#: The operator over a float16 KV cache (engine.model.kv16_pass), by its registered name.
+F16KV_OP = b"GroupQueryAttentionF16KV"
+_f16kv_seen: dict[tuple[str, int, int], bool] = {}
+
+
+def f16kv_ready() -> bool:
+    """Whether the library registers the float16-KV attention (a build before it does not:
+    its graphs keep float32 KV). The name is looked for in the file, read once per build."""
+    path = library()
+    if path is None:
+        return False
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _f16kv_seen:
+        _f16kv_seen[key] = F16KV_OP in path.read_bytes()
+    return _f16kv_seen[key]
+
+
 def c_compiler() -> str | None:
     """The C compiler on PATH now (the one setuptools would take first), or None."""
     names = ["cl"] if sys.platform == "win32" else []
@@ -193,6 +211,10 @@ class KernelUse:
     matmul_nodes: int = 0
     matmul_moved: int = 0
     matmul_kept: Counter[str] = field(default_factory=Counter)
+    #: The live KV cache's element type ("float16" / "float32"; None: the graph has none),
+    #: and why it is not float16 where the model's KV could have been (None otherwise).
+    kv_dtype: str | None = None
+    kv_reason: str | None = None
 
     def line(self) -> str:
         if not self.nodes:
@@ -206,11 +228,18 @@ class KernelUse:
                                           self.matmul_kept)
         return text
 
+    def kv_line(self) -> str | None:
+        """The KV cache's element type, and why it is not float16 (None: no KV)."""
+        if self.kv_dtype is None:
+            return None
+        return f"KV cache {self.kv_dtype}" + (f" ({self.kv_reason})" if self.kv_reason else "")
+
     def as_dict(self) -> dict[str, object]:
         return {**self.status.as_dict(), "attention_nodes": self.nodes, "moved": self.moved,
                 "kept": dict(self.kept), "matmul_nodes": self.matmul_nodes,
                 "matmul_moved": self.matmul_moved, "matmul_kept": dict(self.matmul_kept),
-                "summary": self.line()}
+                "kv_dtype": self.kv_dtype, "kv_reason": self.kv_reason,
+                "kv_summary": self.kv_line(), "summary": self.line()}
 
 
 def _others(count: int, kept: Counter[str]) -> str:

@@ -15,6 +15,16 @@
  * the positions are split into chunks that the session's own threads share (split-K, the
  * chunks' softmax partials combined at the end): every byte of the cache is read once.
  *
+ * `engine.kernels::GroupQueryAttentionF16KV` is the same operator over a float16 cache
+ * (past_key, past_value, present_key, present_value in float16; query, key, value, the
+ * output and the rotary caches in float32): each new key (after rotary) and value is
+ * rounded to float16 (to nearest, ties to even) and written to the cache first, and every
+ * read of the cache, a chunk's own new tokens included, converts its float16 values to
+ * float32 (exactly: F16C where the CPU has it, plain C otherwise, the same bits), so the
+ * attention code and its bit-for-bit rule are the fp32 operator's. Half the cache memory,
+ * half the bytes read a step. Shapes its own code does not cover go to ONNX Runtime's fp32
+ * kernel on float32 copies of the caches (the present rounded back to float16).
+ *
  * MatMulNBits (matmul_nbits.c) is registered in the same domain by RegisterCustomOps.
  *
  * The header of ONNX Runtime is not needed: the C API is a table of function pointers
@@ -33,20 +43,31 @@
 #define N_OUTPUTS 3
 static const int INPUT_TYPES[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT,
                                           ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
+static const int INPUT_TYPES_F16KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT16, ELEM_FLOAT16,
+                                               ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 static const int INPUT_REQUIRED_MASK[N_INPUTS] = {1, 0, 0, 0, 0, 1, 1, 0, 0};
 
 typedef struct Kernel {
   int64_t num_heads, kv_num_heads, local_window_size, do_rotary, rotary_interleaved, smooth_softmax;
   float scale, softcap;
-  OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention */
+  int f16;         /* GroupQueryAttentionF16KV: the caches in float16 */
+  OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention (float32) */
 } Kernel;
 
+static CustomOp g_op, g_op_f16; /* the two operators' tables (RegisterCustomOps fills them) */
 
-static const char* ORT_CALL op_name(const void* op) { (void)op; return "GroupQueryAttention"; }
+
+static const char* ORT_CALL op_name(const void* op) {
+  return op == (const void*)&g_op_f16 ? "GroupQueryAttentionF16KV" : "GroupQueryAttention";
+}
 static const char* ORT_CALL op_provider(const void* op) { (void)op; return "CPUExecutionProvider"; }
-static int ORT_CALL input_type(const void* op, size_t i) { (void)op; return INPUT_TYPES[i]; }
+static int ORT_CALL input_type(const void* op, size_t i) {
+  return op == (const void*)&g_op_f16 ? INPUT_TYPES_F16KV[i] : INPUT_TYPES[i];
+}
 static size_t ORT_CALL input_count(const void* op) { (void)op; return N_INPUTS; }
-static int ORT_CALL output_type(const void* op, size_t i) { (void)op; (void)i; return ELEM_FLOAT; }
+static int ORT_CALL output_type(const void* op, size_t i) {
+  return op == (const void*)&g_op_f16 && i > 0 ? ELEM_FLOAT16 : ELEM_FLOAT;
+}
 static size_t ORT_CALL output_count(const void* op) { (void)op; return N_OUTPUTS; }
 static int ORT_CALL input_characteristic(const void* op, size_t i) {
   (void)op;
@@ -111,10 +132,10 @@ static OrtStatus* make_fallback(const OrtKernelInfo* info, Kernel* k) {
 
 static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const OrtKernelInfo* info,
                                          void** out) {
-  (void)op;
   (void)api;
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (k == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
+  k->f16 = op == (const void*)&g_op_f16;
   k->num_heads = attr_int(info, "num_heads", 0);
   k->kv_num_heads = attr_int(info, "kv_num_heads", 0);
   k->local_window_size = attr_int(info, "local_window_size", -1);
@@ -146,11 +167,12 @@ typedef struct Step {
   int64_t seq;             /* new tokens per batch row: row r is token r % seq of batch r / seq */
   const int32_t* totals;   /* [rows]: the positions row r attends to, itself included */
   const float* q;          /* [rows, heads, head_size], rotated and scaled */
-  const float* keys;       /* [batch, kv_heads, capacity, head_size] */
-  const float* values;
+  const void* keys;        /* [batch, kv_heads, capacity, head_size]: float, or float16 (f16) */
+  const void* values;
   float* partial;          /* chunk tasks: [rows, heads, chunks, head_size + 2]: acc..., max, sum */
   float* out;              /* row tasks: [rows, heads, head_size] */
   volatile int failed;     /* a row task could not get its scratch memory */
+  int f16;                 /* keys and values are float16 (uint16_t bits) */
 } Step;
 
 /* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
@@ -247,6 +269,117 @@ __attribute__((target("avx512f,avx2,fma"))) static void dots_avx512(const float*
    registration from the CPU; ONNX_GENAI_KERNELS=portable forces 0 and =avx2 at most 1,
    for the tests). A token's attention has the same bits on every path of one machine. */
 static int g_isa;
+/* How float16 is read: 2 AVX-512, 1 F16C, 0 plain C (exact conversions all: the same bits). */
+static int g_half;
+
+/* ---- float16 (IEEE binary16) ------------------------------------------------------- */
+
+/* A float16's value as a float (exact; a signalling NaN comes back quiet, as from F16C).
+   Without branches, so that a loop of it vectorises (the plain C path): a normal number
+   is its bits moved up with the exponent rebiased; a subnormal m * 2^-24 is
+   2^-14 * (1 + m / 1024) - 2^-14, computed exactly in float. */
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  /* all ones where true (masks, not branches: the loop stays vectorisable) */
+  const uint32_t is_sub = 0u - (uint32_t)(em < 0x400u), is_special = 0u - (uint32_t)(em >= 0x7c00u);
+  const uint32_t is_nan = 0u - (uint32_t)(em > 0x7c00u);
+  const uint32_t normal = ((em << 13) + 0x38000000u + (is_special & 0x38000000u)) | (is_nan & 0x400000u);
+  const uint32_t scaled_bits = (em << 13) + 0x38800000u;
+  float scaled, subnormal;
+  memcpy(&scaled, &scaled_bits, sizeof scaled);
+  subnormal = scaled - 6.103515625e-05f; /* 2^-14 */
+  uint32_t sub_bits;
+  memcpy(&sub_bits, &subnormal, sizeof sub_bits);
+  const uint32_t bits = (sub_bits & is_sub) | (normal & ~is_sub) | sign;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* The float16 nearest to f (ties to even; beyond the largest float16, infinity), as
+   numpy's astype(float16) and F16C's round-to-nearest give it. */
+static inline uint16_t float_to_half(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) /* infinity, or NaN (kept quiet, its payload's top bits) */
+    return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: rounds to infinity */
+  if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+    if (ax <= 0x33000000u) return sign;                     /* <= 2^-25: rounds to zero */
+    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t q = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u))) ++q;
+    return (uint16_t)(sign | q);
+  }
+  uint32_t h = (ax - 0x38000000u) >> 13; /* exponent rebiased, mantissa cut to 10 bits */
+  const uint32_t rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h; /* a carry moves the exponent up */
+  return (uint16_t)(sign | h);
+}
+
+#ifdef HAVE_X86_PATHS
+__attribute__((target("avx512f"))) static void halves_avx512(const uint16_t* h, int64_t n, float* f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(h + i))));
+  for (; i < n; ++i) f[i] = half_to_float(h[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void halves_f16c(const uint16_t* h, int64_t n, float* f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+  for (; i < n; ++i) f[i] = half_to_float(h[i]);
+}
+
+/* The same rounding as float_to_half (to nearest, ties to even; NaN kept quiet). */
+__attribute__((target("avx512f"))) static void floats_avx512(const float* f, int64_t n, uint16_t* h) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(h + i), _mm512_cvtps_ph(_mm512_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = float_to_half(f[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void floats_f16c(const float* f, int64_t n, uint16_t* h) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = float_to_half(f[i]);
+}
+#endif
+
+/* h[i] = float_to_half(f[i]), for i < n. */
+static void floats_to_halves(const float* f, int64_t n, uint16_t* h) {
+#ifdef HAVE_X86_PATHS
+  if (g_half == 2) {
+    floats_avx512(f, n, h);
+    return;
+  }
+  if (g_half == 1) {
+    floats_f16c(f, n, h);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) h[i] = float_to_half(f[i]);
+}
+
+/* f[i] = the float16 h[i] as a float, for i < n (the plain C loop compiled for the wider
+   vector units too: HOT). */
+HOT static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
+#ifdef HAVE_X86_PATHS
+  if (g_half == 2) {
+    halves_avx512(h, n, f);
+    return;
+  }
+  if (g_half == 1) {
+    halves_f16c(h, n, f);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) f[i] = half_to_float(h[i]);
+}
 
 /* Sum of 16 lanes as a tree (the compiler keeps it in vector registers). */
 static inline float sum16(const float* lanes) {
@@ -340,12 +473,19 @@ static ALWAYS_INLINE void weigh4(const float* const* p, const float* V, int64_t 
    A row's partials depend only on its query, its total and the cache, never on the other
    rows of the block, the tiles or the threads: each dot product is computed on its own,
    the softmax and the weighted sum of values go through the row's positions in order. So
-   a token gets the same bits alone in a decode step or among the rows of a prefill chunk. */
+   a token gets the same bits alone in a decode step or among the rows of a prefill chunk.
+
+   With a float16 cache (`f16`, a constant), each tile of a batch row's keys or values is
+   converted to floats (exactly) into `tile` once for all the query vectors that read it,
+   and the same code then runs on the floats: the same bits as a float32 cache holding the
+   float16 values. */
 static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t g, int64_t chunk, float* out,
-                                 int64_t row_stride, int64_t head_stride, float* scratch, const int64_t D) {
+                                 int64_t row_stride, int64_t head_stride, float* scratch, const int64_t D,
+                                 const int f16) {
   const int64_t t0 = chunk * CHUNK, G = s->group, rows = r1 - r0;
   float* scores = scratch;                   /* [rows * G][CHUNK] */
   float* accs = scratch + rows * G * CHUNK;  /* [rows * G][D] */
+  float* tile = accs + rows * G * D;         /* f16: [TILE][D], one tile as floats */
   int64_t longest = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = (int64_t)s->totals[r] - t0;
@@ -353,17 +493,39 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   }
   longest = longest < CHUNK ? longest : CHUNK;
 #define ROW_N(r) ((int64_t)s->totals[r] - t0 < CHUNK ? (int64_t)s->totals[r] - t0 : CHUNK)
-#define KV_AT(base, r, t) ((base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
+#define KV_AT(base, r, t) \
+  ((const float*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
+#define KV16_AT(base, r, t) \
+  ((const uint16_t*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
+  /* The end of row r's batch row in the block (its rows' totals grow with r). */
+#define BATCH_END(r) ((((r) / s->seq) + 1) * s->seq < r1 ? (((r) / s->seq) + 1) * s->seq : r1)
+  /* f16: tile ts of row r's batch row into `tile`, as far as the block's rows of it read. */
+#define CONVERT_TILE(base, r, ts)                                                       \
+  do {                                                                                  \
+    const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts);                              \
+    halves_to_floats(KV16_AT(base, r, ts), (reach_ < TILE ? reach_ : TILE) * D, tile); \
+  } while (0)
   /* The scores, tile by tile: the tile's keys are read once for the block. */
-  for (int64_t ts = 0; ts < longest; ts += TILE)
+  for (int64_t ts = 0; ts < longest; ts += TILE) {
+    int64_t converted = -1; /* f16: the batch row whose tile ts is in `tile` */
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t n = ROW_N(r);
       if (n <= ts) continue;
       const int64_t m = n - ts < TILE ? n - ts : TILE;
+      const float* keys;
+      if (f16) {
+        if (r / s->seq != converted) {
+          CONVERT_TILE(s->keys, r, ts);
+          converted = r / s->seq;
+        }
+        keys = tile;
+      } else {
+        keys = KV_AT(s->keys, r, ts);
+      }
       for (int64_t j = 0; j < G; ++j)
-        dots(s->q + (r * s->heads + g * G + j) * D, KV_AT(s->keys, r, ts), m, D,
-             scores + ((r - r0) * G + j) * CHUNK + ts);
+        dots(s->q + (r * s->heads + g * G + j) * D, keys, m, D, scores + ((r - r0) * G + j) * CHUNK + ts);
     }
+  }
   float sums[MAX_VECTORS], tops[MAX_VECTORS];
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = ROW_N(r);
@@ -393,19 +555,26 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   /* The weighted sums of values, query vectors four at a time where they read the same
      values: each value row is loaded once for four accumulators, each still the sum over
      its positions in order (so the same bits as one at a time). */
-  for (int64_t ts = 0; ts < longest; ts += TILE) {
+  for (int64_t ts = 0; ts < longest; ts += TILE)
+   /* float32: the block at once; f16: each batch row's rows, its tile converted first */
+   for (int64_t ra = r0, rb; ra < r1; ra = rb) {
+    rb = f16 ? BATCH_END(ra) : r1;
+    if (f16) {
+      if (ROW_N(rb - 1) <= ts) continue;
+      CONVERT_TILE(s->values, ra, ts);
+    }
     const float* vp[MAX_VECTORS];
     float* va[MAX_VECTORS];
     const float* vv[MAX_VECTORS];
     int64_t vm[MAX_VECTORS];
     int64_t nv = 0;
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = ra; r < rb; ++r) {
       const int64_t n = ROW_N(r);
       if (n <= ts) continue;
       for (int64_t j = 0; j < G; ++j, ++nv) {
         vp[nv] = scores + ((r - r0) * G + j) * CHUNK + ts;
         va[nv] = accs + ((r - r0) * G + j) * D;
-        vv[nv] = KV_AT(s->values, r, ts);
+        vv[nv] = f16 ? tile : KV_AT(s->values, r, ts);
         vm[nv] = n - ts < TILE ? n - ts : TILE;
       }
     }
@@ -424,6 +593,9 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   }
 #undef ROW_N
 #undef KV_AT
+#undef KV16_AT
+#undef BATCH_END
+#undef CONVERT_TILE
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = ROW_N_OUT(s, r, t0);
     for (int64_t j = 0; j < G; ++j) {
@@ -442,10 +614,18 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 HOT __attribute__((noinline)) static void attend_piece(const Step* s, int64_t r0, int64_t r1, int64_t g,
                                                        int64_t chunk, float* out, int64_t row_stride,
                                                        int64_t head_stride, float* scratch) {
+  if (s->f16) {
+    switch (s->head_size) {
+      case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64, 1); break;
+      case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128, 1); break;
+      default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size, 1); break;
+    }
+    return;
+  }
   switch (s->head_size) {
-    case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64); break;
-    case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128); break;
-    default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size); break;
+    case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64, 0); break;
+    case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128, 0); break;
+    default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size, 0); break;
   }
 }
 
@@ -477,8 +657,8 @@ static void attend_chunk(void* data, size_t task) {
   const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
   const int64_t D = s->head_size;
   float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
-  float small[4 * (CHUNK + MAX_HEAD)];
-  const size_t need = (size_t)(s->group * (CHUNK + D));
+  float small[4 * (CHUNK + MAX_HEAD) + TILE * 64]; /* and a float16 tile of head size 64 or less */
+  const size_t need = (size_t)(s->group * (CHUNK + D) + (s->f16 ? TILE * D : 0));
   float* scratch = need <= sizeof small / sizeof small[0] ? small : (float*)malloc(need * sizeof(float));
   if (scratch == NULL) {
     s->failed = 1;
@@ -506,7 +686,8 @@ static void attend_rows(void* data, size_t task) {
     chunks = c > chunks ? c : chunks;
   }
   const int64_t per_head = chunks * (D + 2);
-  float* parts = (float*)malloc((size_t)((r1 - r0) * G * (per_head + CHUNK + D)) * sizeof(float));
+  float* parts = (float*)malloc((size_t)((r1 - r0) * G * (per_head + CHUNK + D) + (s->f16 ? TILE * D : 0)) *
+                                sizeof(float));
   if (parts == NULL) {
     s->failed = 1;
     return;
@@ -580,6 +761,71 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
   return API(InvokeOp)(context, k->fallback, inputs, N_INPUTS, outputs, N_OUTPUTS);
 }
 
+/* run_fallback for the float16 cache: ONNX Runtime's fp32 kernel on float32 copies of the
+   past caches, into float32 presents that are then rounded to the float16 outputs. (The
+   attention reads the new keys and values before their rounding here; the engine's own
+   runs never come this way.) */
+static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
+  Tensor query, past[2] = {{0}, {0}};
+  TRY(describe(inputs[0], &query));
+  if (query.rank != 3) return fail("GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
+  const int64_t width = query.dims[2];
+  const int64_t D = inputs[1] == NULL ? width / (k->num_heads + 2 * k->kv_num_heads) : width / k->num_heads;
+  const int64_t total = read_scalar(inputs[6]);
+  int64_t present_len = total;
+  for (int i = 0; i < 2; ++i) {
+    if (inputs[3 + i] == NULL) continue;
+    TRY(describe(inputs[3 + i], &past[i]));
+    if (past[i].elem != ELEM_FLOAT16 || past[i].rank != 4)
+      return fail("GroupQueryAttentionF16KV: past_key and past_value must be float16 [batch, kv_heads, length, "
+                  "head_size]");
+    if (past[i].dims[2] > present_len) present_len = past[i].dims[2];
+  }
+  const int64_t out_dims[3] = {query.dims[0], query.dims[1], k->num_heads * D};
+  const int64_t kv_dims[4] = {query.dims[0], k->kv_num_heads, present_len, D};
+  const int64_t kv_count = kv_dims[0] * kv_dims[1] * kv_dims[2] * kv_dims[3];
+  OrtValue* outputs[N_OUTPUTS] = {0};
+  TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
+  int64_t past_count[2] = {0, 0};
+  for (int i = 0; i < 2; ++i)
+    if (inputs[3 + i] != NULL) past_count[i] = past[i].dims[0] * past[i].dims[1] * past[i].dims[2] * past[i].dims[3];
+  /* float32 scratch: the past key and value, then the present key and value */
+  float* scratch = (float*)malloc((size_t)(past_count[0] + past_count[1] + 2 * kv_count + 1) * sizeof(float));
+  if (scratch == NULL) return API(CreateStatus)(ORT_FAIL, "GroupQueryAttentionF16KV: out of memory");
+  float* past32[2] = {scratch, scratch + past_count[0]};
+  float* present32[2] = {past32[1] + past_count[1], past32[1] + past_count[1] + kv_count};
+  OrtMemoryInfo* cpu = NULL;
+  OrtValue* made[4] = {0};
+  const OrtValue* fp32_inputs[N_INPUTS];
+  memcpy(fp32_inputs, inputs, sizeof fp32_inputs);
+  OrtStatus* status = API(CreateCpuMemoryInfo)(0 /* device allocator */, 0 /* default memory */, &cpu);
+  for (int i = 0; i < 2 && status == NULL; ++i) {
+    if (inputs[3 + i] == NULL) continue;
+    halves_to_floats((const uint16_t*)(void*)past[i].data, past_count[i], past32[i]);
+    status = API(CreateTensorWithDataAsOrtValue)(cpu, past32[i], (size_t)past_count[i] * sizeof(float), past[i].dims,
+                                                 4, ELEM_FLOAT, &made[i]);
+    fp32_inputs[3 + i] = made[i];
+  }
+  for (int i = 0; i < 2 && status == NULL; ++i) {
+    status = API(CreateTensorWithDataAsOrtValue)(cpu, present32[i], (size_t)kv_count * sizeof(float), kv_dims, 4,
+                                                 ELEM_FLOAT, &made[2 + i]);
+    outputs[1 + i] = made[2 + i];
+  }
+  if (status == NULL) status = API(InvokeOp)(context, k->fallback, fp32_inputs, N_INPUTS, outputs, N_OUTPUTS);
+  for (int i = 0; i < 2 && status == NULL; ++i) {
+    OrtValue* present = NULL;
+    uint16_t* bits = NULL;
+    status = API(KernelContext_GetOutput)(context, 1 + (size_t)i, kv_dims, 4, &present);
+    if (status == NULL) status = API(GetTensorMutableData)(present, (void**)&bits);
+    if (status == NULL) floats_to_halves(present32[i], kv_count, bits);
+  }
+  for (int i = 0; i < 4; ++i)
+    if (made[i] != NULL) API(ReleaseValue)(made[i]);
+  if (cpu != NULL) API(ReleaseMemoryInfo)(cpu);
+  free(scratch);
+  return status;
+}
+
 /* Row tasks when there are enough of them for the threads, or the chunk tasks' partials
    would take more than this many floats. Either way a row gets the same bits. */
 #define ROW_TASKS_PER_THREAD 4
@@ -594,6 +840,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   for (size_t i = 0; i < n_inputs; ++i) TRY(API(KernelContext_GetInput)(context, i, &inputs[i]));
 
   Tensor query, past_key, past_value, seqlens;
+  const int cache_elem = k->f16 ? ELEM_FLOAT16 : ELEM_FLOAT;
   int fast = inputs[0] != NULL && inputs[3] != NULL && inputs[4] != NULL && inputs[5] != NULL &&
              k->softcap == 0.0f && k->local_window_size <= 0 && k->smooth_softmax == 0 &&
              k->num_heads > 0;
@@ -606,15 +853,15 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     /* One new token per row (a decode step), or several in one row (a prefill chunk, a
        speculative check): several rows of several tokens mean padding to ONNX Runtime. */
     fast = query.rank == 3 && query.dims[1] >= 1 && (query.dims[1] == 1 || query.dims[0] == 1) &&
-           query.elem == ELEM_FLOAT && past_key.rank == 4 &&
-           past_key.elem == ELEM_FLOAT && past_value.rank == 4 && seqlens.rank == 1 &&
+           query.elem == ELEM_FLOAT && past_key.rank == 4 && past_key.elem == cache_elem &&
+           past_value.elem == cache_elem && past_value.rank == 4 && seqlens.rank == 1 &&
            seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
            past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
            memcmp(past_key.dims, past_value.dims, sizeof past_key.dims) == 0;
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
   if (fast) fast = (k->num_heads / k->kv_num_heads) * ROW_BLOCK <= MAX_VECTORS;
-  if (!fast) return run_fallback(k, context, inputs);
+  if (!fast) return k->f16 ? run_fallback_f16(k, context, inputs) : run_fallback(k, context, inputs);
   const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
   const int64_t D = past_key.dims[3], R = B * S;
   const int64_t cap = past_key.dims[2];
@@ -650,14 +897,16 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     TRY(API(KernelContext_GetOutput)(context, 1, past_key.dims, 4, &outputs[1]));
     TRY(API(KernelContext_GetOutput)(context, 2, past_value.dims, 4, &outputs[2]));
   }
-  float *out = NULL, *present_k = NULL, *present_v = NULL;
+  float* out = NULL;
+  void *present_k = NULL, *present_v = NULL;
   if (shapes_ok) {
     TRY(API(GetTensorMutableData)(outputs[0], (void**)&out));
-    TRY(API(GetTensorMutableData)(outputs[1], (void**)&present_k));
-    TRY(API(GetTensorMutableData)(outputs[2], (void**)&present_v));
+    TRY(API(GetTensorMutableData)(outputs[1], &present_k));
+    TRY(API(GetTensorMutableData)(outputs[2], &present_v));
   }
-  if (!shapes_ok || present_k != past_key.data || present_v != past_value.data)
-    return run_fallback(k, context, inputs); /* same shapes asked again: the same outputs */
+  if (!shapes_ok || present_k != (void*)past_key.data || present_v != (void*)past_value.data)
+    /* same shapes asked again: the same outputs */
+    return k->f16 ? run_fallback_f16(k, context, inputs) : run_fallback(k, context, inputs);
 
   const int64_t G = H / KVH;
   const float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
@@ -691,13 +940,23 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       for (int64_t d = 0; d < D; ++d) qh[d] *= scale;
     }
     for (int64_t g = 0; g < KVH; ++g) {
-      float* kd = present_k + ((b * KVH + g) * cap + pos) * D;
+      const int64_t at = ((b * KVH + g) * cap + pos) * D;
+      if (k->f16) { /* rotated in float32, then rounded */
+        float kd[MAX_HEAD];
+        memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
+        if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
+        uint16_t *kh = (uint16_t*)present_k + at, *vh = (uint16_t*)present_v + at;
+        floats_to_halves(kd, D, kh);
+        floats_to_halves(vin + g * D, D, vh);
+        continue;
+      }
+      float* kd = (float*)present_k + at;
       memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
       if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
-      memcpy(present_v + ((b * KVH + g) * cap + pos) * D, vin + g * D, (size_t)D * sizeof(float));
+      memcpy((float*)present_v + at, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0};
+  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->f16};
   OrtStatus* status;
   if (row_tasks) {
     const int64_t blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
@@ -718,7 +977,6 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
 }
 
 const OrtFn* g_api;
-static CustomOp g_op;
 static OrtCustomOpDomain* g_domain;
 
 /* Which dot products the kernel runs on this CPU, and why: what RegisterCustomOps picks. */
@@ -749,6 +1007,9 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
   if (g_api == NULL) {
     const char* paths = choose_paths();
     g_isa = strncmp(paths, "avx2+fma", 8) != 0 ? 0 : strcmp(paths, "avx2+fma: and AVX-512") == 0 ? 2 : 1;
+#ifdef HAVE_X86_PATHS
+    g_half = g_isa == 2 ? 2 : g_isa == 1 && __builtin_cpu_supports("f16c") ? 1 : 0;
+#endif
     g_api = base->GetApi(API_VERSION);
     if (g_api == NULL) return NULL; /* cannot even report: ONNX Runtime older than 1.20 */
   }
@@ -771,10 +1032,12 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
   g_op.GetVariadicOutputHomogeneity = variadic_homogeneity;
   g_op.CreateKernelV2 = kernel_create;
   g_op.KernelComputeV2 = kernel_compute;
+  g_op_f16 = g_op; /* the same functions: they tell the two apart by the table's address */
   if (g_domain == NULL) TRY(API(CreateCustomOpDomain)("engine.kernels", &g_domain));
   static int added = 0;
   if (!added) {
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op));
+    TRY(API(CustomOpDomain_Add)(g_domain, &g_op_f16));
     TRY(engine_matmul_register(g_domain));
     added = 1;
   }

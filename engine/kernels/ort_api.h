@@ -40,6 +40,7 @@ typedef struct OrtCustomOpDomain OrtCustomOpDomain;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
 typedef struct OrtOp OrtOp;
 typedef struct OrtOpAttr OrtOpAttr;
+typedef struct OrtMemoryInfo OrtMemoryInfo;
 typedef void (*OrtFn)(void);
 
 typedef struct {
@@ -57,12 +58,16 @@ typedef struct {
 /* Indices of the entries used, in the API table. */
 enum {
   SLOT_CreateStatus = 0,
+  SLOT_CreateTensorWithDataAsOrtValue = 49,
   SLOT_GetTensorMutableData = 51,
   SLOT_GetTensorTypeAndShape = 65,
   SLOT_GetDimensionsCount = 61,
   SLOT_GetDimensions = 62,
   SLOT_GetTensorElementType = 60,
+  SLOT_ReleaseMemoryInfo = 94,
+  SLOT_ReleaseValue = 96,
   SLOT_ReleaseTensorTypeAndShapeInfo = 99,
+  SLOT_CreateCpuMemoryInfo = 69,
   SLOT_KernelInfoGetAttribute_float = 85,
   SLOT_KernelInfoGetAttribute_int64 = 86,
   SLOT_KernelContext_GetInputCount = 88,
@@ -83,7 +88,7 @@ enum {
   SLOT_KernelInfo_GetInputName = 232,
 };
 
-enum { ELEM_FLOAT = 1, ELEM_INT32 = 6 };
+enum { ELEM_FLOAT = 1, ELEM_INT32 = 6, ELEM_FLOAT16 = 10 };
 enum { OP_ATTR_INT = 1, OP_ATTR_FLOAT = 3 };
 enum { INPUT_REQUIRED = 0, INPUT_OPTIONAL = 1 };
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
@@ -91,6 +96,11 @@ enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
 typedef OrtStatus*(ORT_CALL* CreateStatus_t)(int code, const char* msg);
 typedef void(ORT_CALL* ReleaseStatus_t)(OrtStatus*);
 typedef OrtStatus*(ORT_CALL* GetTensorMutableData_t)(OrtValue*, void**);
+typedef OrtStatus*(ORT_CALL* CreateTensorWithDataAsOrtValue_t)(const OrtMemoryInfo*, void*, size_t, const int64_t*,
+                                                             size_t, int, OrtValue**);
+typedef OrtStatus*(ORT_CALL* CreateCpuMemoryInfo_t)(int allocator_type, int mem_type, OrtMemoryInfo**);
+typedef void(ORT_CALL* ReleaseMemoryInfo_t)(OrtMemoryInfo*);
+typedef void(ORT_CALL* ReleaseValue_t)(OrtValue*);
 typedef OrtStatus*(ORT_CALL* GetTensorTypeAndShape_t)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
 typedef OrtStatus*(ORT_CALL* GetDimensionsCount_t)(const OrtTensorTypeAndShapeInfo*, size_t*);
 typedef OrtStatus*(ORT_CALL* GetDimensions_t)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);

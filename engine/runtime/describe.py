@@ -21,8 +21,9 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
     tokenizer = Tokenizer.from_dir(model.path)
     fim = detect_fim_family(tokenizer)
     declines = structural_declines(model.model_file, spec.decode_path)
-    # what a load on the CPU would run for attention: the engine's kernel, or why not
-    _, _, kernel_use = pruned_graph(model.model_file, spec, EngineConfig(prune_logits=False),
+    # what a load on the CPU would run for attention: the engine's kernel, or why not; and
+    # the KV it would keep (float16 where the kernel runs it, engine.model.kv16_pass)
+    _, spec, kernel_use = pruned_graph(model.model_file, spec, EngineConfig(prune_logits=False),
                                     "cpu", model.graph.op_counts.get("GroupQueryAttention", 0),
                                     model.graph.op_counts.get("MatMulNBits", 0))
     eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))

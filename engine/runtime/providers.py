@@ -15,10 +15,11 @@ import psutil
 
 from engine import kernels
 from engine.config import EngineConfig
-from engine.errors import ModelLoadError, RuntimeSelectionError
+from engine.errors import InvalidOptionError, ModelLoadError, RuntimeSelectionError
 from engine.kernels import KernelUse
 from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention_moves
 from engine.model.io_spec import IOSpec
+from engine.model.kv16_pass import half_kv
 from engine.model.matmul_pass import own_matmul_moves
 
 log = logging.getLogger(__name__)
@@ -166,23 +167,38 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
                  attention_nodes: int, matmul_nodes: int = 0
                  ) -> tuple[bytes | None, IOSpec, KernelUse]:
     """The model rewritten at load for the CPU (engine.model.graph_passes): a prefill
-    computes the logits it needs only, and GroupQueryAttention runs the engine's kernel
-    (engine.kernels) where it was built; with the spec that binds the new input, and what
-    became of the graph's `attention_nodes` GroupQueryAttention and `matmul_nodes`
-    MatMulNBits nodes (engine.model.matmul_pass). (None, spec, ...)
+    computes the logits it needs only, GroupQueryAttention runs the engine's kernel
+    (engine.kernels) where it was built, over a float16 KV cache where `config.kv_dtype`
+    allows (engine.model.kv16_pass); with the spec that binds the new input and the KV's
+    element type, and what became of the graph's `attention_nodes` GroupQueryAttention and
+    `matmul_nodes` MatMulNBits nodes (engine.model.matmul_pass). (None, spec, ...)
     when both are off or do not apply, or when a GPU provider may run it (the new input is
     a host tensor, untried inside a captured CUDA graph)."""
+    graph, spec, use = _pruned_graph(model_file, spec, config, provider, attention_nodes,
+                                     matmul_nodes)
+    if config.kv_dtype == "float16" and spec.kv_pairs and use.kv_dtype != "float16":
+        raise InvalidOptionError(
+            "kv_dtype", f"a float16 KV cache cannot be kept for {model_file.parent.name}: "
+            f"{use.kv_reason}", hint="use kv_dtype 'auto' (--kv-dtype auto): float16 where it "
+            "applies, else the model's own")
+    return graph, spec, use
+
+
+def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str,
+                  attention_nodes: int, matmul_nodes: int
+                  ) -> tuple[bytes | None, IOSpec, KernelUse]:
     status = kernels.status()
     names = choose_providers(provider, available_providers())
     if names != ["CPUExecutionProvider"]:
         short = {v: k for k, v in _PROVIDER_NAMES.items()}.get(names[0], names[0])
-        return None, spec, _kept(status, attention_nodes,
-                                 f"runs on {short}, the kernel is for the CPU", matmul_nodes)
+        why = f"runs on {short}, the kernel is for the CPU"
+        return None, spec, _with_kv(_kept(status, attention_nodes, why, matmul_nodes), spec,
+                                    why)
     own = config.own_kernels and status.ready
     if not own:
         why = "turned off by own_kernels=False" if not config.own_kernels \
             else _NOT_READY[status.state]
-        use = _kept(status, attention_nodes, why, matmul_nodes)
+        use = _with_kv(_kept(status, attention_nodes, why, matmul_nodes), spec, why)
         if not config.prune_logits:
             return None, spec, use
     data = model_file.read_bytes()
@@ -205,7 +221,41 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
             nodes, kept = matmul_nodes, Counter({slow or _MATMUL_OFF: matmul_nodes})
         use = dataclasses.replace(use, matmul_nodes=nodes, matmul_kept=kept,
                                   matmul_moved=nodes - sum(kept.values()) if nodes else 0)
+        graph, spec, half = _half_kv(graph, spec, config, use)
+        use = _with_kv(use, spec, half)
     return graph, spec, use
+
+
+def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse
+             ) -> tuple[bytes | None, IOSpec, str | None]:
+    """The graph and spec with a float16 KV cache (engine.model.kv16_pass), or as they
+    were and why not."""
+    if not spec.kv_pairs or any(p.dtype != "float32" for p in spec.kv_pairs):
+        return graph, spec, None
+    if config.kv_dtype == "float32":
+        return graph, spec, "kv_dtype float32 asked for"
+    if graph is None or not use.moved:
+        return graph, spec, "no attention node runs the engine's kernel"
+    if not kernels.f16kv_ready():
+        return graph, spec, "the kernels' library predates the float16-KV attention; " + \
+            _REINSTALL_WORDS
+    halved, why = half_kv(graph)
+    if halved is None:
+        return graph, spec, why
+    pairs = tuple(dataclasses.replace(p, dtype="float16") for p in spec.kv_pairs)
+    return halved, dataclasses.replace(spec, kv_pairs=pairs), None
+
+
+_REINSTALL_WORDS = "re-run the install to rebuild it"
+
+
+def _with_kv(use: KernelUse, spec: IOSpec, why: str | None) -> KernelUse:
+    """`use` with the KV cache's element type, and why it is not float16."""
+    if not spec.kv_pairs:
+        return use
+    dtype = spec.kv_pairs[0].dtype
+    return dataclasses.replace(use, kv_dtype=dtype, kv_reason=why if dtype != "float16"
+                               else None)
 
 
 _MATMUL_OFF = f"turned off by {kernels.MATMUL_ENV}=0"
@@ -219,6 +269,8 @@ def log_kernel_use(model: str, use: KernelUse) -> None:
     missing = use.kept.keys() & {_NOT_READY["not built"], _NOT_READY["cannot load"]}
     log.log(logging.WARNING if missing else logging.INFO, "model %s: %s (%s)", model,
             use.line(), use.status.line())
+    if use.kv_line():
+        log.info("model %s: %s", model, use.kv_line())
 
 
 def _kept(status: kernels.KernelStatus, nodes: int, why: str, matmuls: int = 0) -> KernelUse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.config import PROVIDERS, SPIN_US
+from engine.config import KV_DTYPES, PROVIDERS, SPIN_US
 from engine.server.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_PORT
 
 
@@ -77,7 +77,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="reuse runs of at least N cached tokens (or an eighth of a prompt "
                           "under 8N tokens) found at other positions of a new prompt by "
                           "shifting their KV (0 = off: recompute them)")
+    add_kv_dtype(eng)
     eng.add_argument("--kv-store-dir", type=Path,
                      help="where prompt KV is kept across restarts (default: the user cache)")
     eng.add_argument("--no-kv-store", action="store_true",
                      help="keep no prompt KV across requests on disk")
+
+
+def add_kv_dtype(parser: argparse._ActionsContainer) -> None:
+    """`--kv-dtype`, for `generate` and `serve` (EngineConfig.kv_dtype)."""
+    parser.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
+                        help="the live KV cache's element type on the CPU: auto = float16 "
+                             "where the engine's kernel runs attention (half the memory per "
+                             "token), else the model's own; float32 keeps a float32 export's "
+                             "(default auto)")

@@ -53,7 +53,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     engine = EngineConfig(provider=args.provider, intra_op_threads=args.threads,
                           kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
                           host_ram_limit=args.host_ram_limit, spin_duration_us=args.spin_us,
-                          kv_store=store, cache_reuse=args.cache_reuse)
+                          kv_store=store, cache_reuse=args.cache_reuse,
+                          kv_dtype=args.kv_dtype)
     model = args.model
     if model is None and not args.models_dir and not args.no_default_model:
         model = default_model_dir()  # a fresh install answers at once (None: not installed)
@@ -157,6 +158,9 @@ def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None
         use = current.engine.kernel_use
         if use is not None:
             startup_log.info("attention: %s", use.line())
+            if use.kv_line():
+                startup_log.info("kv: %s, %d bytes a token", use.kv_line(),
+                                 current.engine.spec.kv_bytes_per_token)
     startup_log.info("kernels: %s", kernel_status().line())
     startup_log.info("limits: queue %d, body %d bytes, read timeout %g s, batch %s, "
                      "kv_max_len %s, vram %s, host RAM %s, KV store %s; API key %s, CORS %s",

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from engine import kernels
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
@@ -113,7 +115,11 @@ def test_inspect_prints_a_readable_summary(genai_model_dir):
     lines = proc.stdout.splitlines()
     assert lines[0] == f"Model folder:    {genai_model_dir}"
     assert "Context:         256 tokens" in lines
-    assert "KV cache:        2 layers x 2 heads of 16 float32: 512 bytes a token, 128.0 KiB " \
-        "for the whole context" in lines
+    # float16 where the engine's kernel runs attention (engine.model.kv16_pass)
+    half = kernels.library() is not None and kernels.f16kv_ready()
+    assert ("KV cache:        2 layers x 2 heads of 16 float16: 256 bytes a token, 64.0 KiB "
+            "for the whole context" if half else
+            "KV cache:        2 layers x 2 heads of 16 float32: 512 bytes a token, 128.0 KiB "
+            "for the whole context") in lines
     assert "Code infill:     qwen" in lines and "Chat template:   yes" in lines
     assert not any(ch in proc.stdout for ch in "{}[]'")  # no Python reprs

@@ -146,8 +146,9 @@ def _fixed_ram(engine, total=64 << 30):
         vram=UnknownCapacity("VRAM", "cpu"), host_ram=FixedCapacity(total, 0)))
 
 
-def _solo_ids(folder, request):
-    solo = Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False))
+def _solo_ids(folder, request, kv_dtype="auto"):
+    solo = Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False,
+                                            kv_dtype=kv_dtype))
     return solo.generate(request).token_ids
 
 
@@ -160,10 +161,13 @@ def test_lowering_the_limit_to_half_preempts_the_low_priority_request(wide_kv_mo
     from engine.config import KVStoreConfig
 
     long_low, short_high = _req(300, (5, 6, 7, 8)), _req(40, (9, 10, 11))
-    expected = [_solo_ids(wide_kv_model, r) for r in (long_low, short_high)]
+    # float32 KV: half of what is in use then leaves the high-priority request room (in
+    # float16 the weights are a larger part of it)
+    expected = [_solo_ids(wide_kv_model, r, "float32") for r in (long_low, short_high)]
     store = KVStoreConfig(chunk_tokens=4, disk_dir=str(tmp_path / "kv"), ram_bytes=0)
     engine = Engine.load(wide_kv_model, EngineConfig(
-        intra_op_threads=1, max_batch=2, kv_store=store if spill == "kv_store" else None))
+        intra_op_threads=1, max_batch=2, kv_store=store if spill == "kv_store" else None,
+        kv_dtype="float32"))
     _fixed_ram(engine)
     scheduler = Scheduler(engine)
     low: list = []

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine import Engine, EngineConfig
+from engine import Engine, EngineConfig, kernels
 from engine.errors import ResourceLimitError
 from engine.hub.bandwidth import ReadSpeed, read_bandwidth, read_speed
 from engine.hub.browse import variants
@@ -23,10 +23,13 @@ from tests.forge import ForgeSpec
 
 MIB = 1024 * 1024
 # 4 layers x 8 KV heads x 64 x float32 x (K, V): 16 KiB of KV a token, 32 MiB for the
-# 2048-token context; a 8192-token vocabulary makes about 8.6 MiB of weights
+# 2048-token context (half in float16, which the engine keeps on the CPU where its kernel
+# runs attention); a 8192-token vocabulary makes about 8.6 MiB of weights
 SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context=2048,
                  vocab=8192)
-PAGE = 32 * 16 * 1024  # the default 32-token page
+#: Bytes of a KV value as the engine keeps it on the CPU (engine.hub.fit.engine_kv).
+KV_VALUE = 2 if kernels.library() is not None and kernels.f16kv_ready() else 4
+PAGE = 32 * 4 * 1024 * KV_VALUE  # the default 32-token page
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +57,16 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
 
     # fits: the whole context's KV (32 MiB) and a little more
     fit = _label(hub, _limit(weights, 40 * MIB))
-    assert fit.text == FITS and fit.kv_bytes_per_token == 16 * 1024 and fit.context == 2048
+    assert fit.text == FITS and fit.kv_bytes_per_token == 4 * 1024 * KV_VALUE
+    assert fit.context == 2048
     engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 40 * MIB),
                                               intra_op_threads=1))
     budget = engine.governor.budget()
     assert budget is not None and budget.refusal is None
     assert budget.kv_tokens is not None and budget.kv_tokens >= engine.context_length
 
-    # fits with a shorter context: 10.5 MiB of KV room -> 20 pages of 32 tokens = 640
+    # fits with a shorter context: 10 MiB and half a page of KV room -> 20 pages of 32
+    # float32 tokens = 640 (40 pages, 1280 tokens in float16)
     short = _label(hub, _limit(weights, 10 * MIB + PAGE // 2))
     assert short.label == SHORTER
     assert short.text == f"fits with a shorter context ({short.kv_tokens} tokens)"
@@ -70,7 +75,7 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
                                               intra_op_threads=1))
     budget = engine.governor.budget()
     assert budget is not None and budget.refusal is None
-    assert budget.kv_tokens == short.kv_tokens == 640 < engine.context_length
+    assert budget.kv_tokens == short.kv_tokens == 640 * 4 // KV_VALUE < engine.context_length
 
     # too big: the weights alone are over the limit, and the governor refuses with the
     # same figures
@@ -135,8 +140,9 @@ def test_int4_models_are_expected_at_the_int4_rate_plus_a_cost_per_layer(tmp_pat
     shape = ModelShape(4, 8, 64, 2048, 4)
     read = 100 * MIB - 2048 * 64 * 4 + shape.kv_bytes_per_token * SPEED_CONTEXT
     figures = ReadSpeed(1e9, 5e8, 1e-4)
-    fp32 = assess(100 * MIB, shape, bandwidth=figures)
-    int4 = assess(100 * MIB, shape, bandwidth=figures, quantized=True)
+    config = EngineConfig(kv_dtype="float32")  # the shape's float32 KV, as exported
+    fp32 = assess(100 * MIB, shape, config, bandwidth=figures)
+    int4 = assess(100 * MIB, shape, config, bandwidth=figures, quantized=True)
     assert fp32.tokens_per_second == round(1 / (4e-4 + read / 1e9), 2)
     assert int4.tokens_per_second == round(1 / (4e-4 + read / 5e8), 2)
 
@@ -146,7 +152,7 @@ def test_a_long_contexts_rotary_tables_are_not_counted_as_read_each_step():
     context (34 MB for a 1B model's 131,072 tokens); a step reads one row of them."""
     short, long = ModelShape(16, 8, 64, 2048, 4), ModelShape(16, 8, 64, 131072, 4)
     kv = short.kv_bytes_per_token * SPEED_CONTEXT
-    config = EngineConfig(kv_max_len=2048)
+    config = EngineConfig(kv_max_len=2048, kv_dtype="float32")
     for shape in (short, long):
         fit = assess(100 * MIB, shape, config, bandwidth=1e10)
         tables = 2 * shape.context * 32 * 4

@@ -91,7 +91,8 @@ def _steps(engine: Engine, ids: list[int], n: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("fixture", ["genai_model_dir", "int4_model_dir"])
 def test_decode_steps_give_the_logits_of_onnx_runtimes_kernel(fixture, request):
     folder: Path = request.getfixturevalue(fixture)
-    ours = Engine.load(folder, EngineConfig(intra_op_threads=2))
+    # float32 KV on both sides (float16 KV: tests/engine/kernels/test_kv16.py)
+    ours = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="float32"))
     theirs = Engine.load(folder, EngineConfig(intra_op_threads=2, own_kernels=False))
     ids = [5 + (11 * i) % 53 for i in range(200)]  # the forged context is 256
     got, want = _steps(ours, ids, 40), _steps(theirs, ids, 40)
@@ -121,7 +122,8 @@ def test_concurrent_answers_are_the_same_with_and_without_the_kernel(genai_model
 
     def answers(own: bool) -> list[tuple[int, ...]]:
         engine = Engine.load(genai_model_dir, EngineConfig(intra_op_threads=2, max_batch=4,
-                                                           own_kernels=own))
+                                                           own_kernels=own, kv_dtype="float32"
+                                                           if own else "auto"))
         scheduler = Scheduler(engine)
         results: list[Any] = [None] * len(prompts)
 

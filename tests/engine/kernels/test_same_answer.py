@@ -117,3 +117,14 @@ def test_prompt_lookup_speculation_gives_plain_greedys_tokens():
             assert list(guessed.token_ids) == list(plain.token_ids)
     finally:
         engine.close()
+
+
+def test_these_answers_are_float16_kvs():
+    """The built-in model keeps its KV in float16 (engine.model.kv16_pass): half of float32's
+    46,080 bytes a token, and the paths above are float16's."""
+    engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
+    try:
+        assert {p.dtype for p in engine.spec.kv_pairs} == {"float16"}
+        assert engine.spec.kv_bytes_per_token == 23040
+    finally:
+        engine.close()

@@ -96,6 +96,38 @@ def test_a_shifted_key_equals_the_key_computed_at_its_new_position(interleaved, 
     np.testing.assert_allclose(back, at_old, rtol=0, atol=2e-5)
 
 
+def test_float16_keys_are_rotated_in_float32_and_rounded_once():
+    """A float16 cache's keys (engine.model.kv16_pass) come back float16, the rotation done
+    in float32 and rounded once: within two units in the last place of the key computed
+    at the new position and rounded there."""
+    from engine.model.rotary import KeyRotation
+
+    cos, sin = _tables(300, 32)
+    rotation = KeyRotation(cos, sin, False, "test")
+    raw = np.random.default_rng(0).standard_normal((2, 40, 32)).astype(np.float32)
+    at_old = _rotate(raw, cos[200:240], sin[200:240], False).astype(np.float16)
+    moved = rotation.shift(at_old, 200, 7)
+    assert moved.dtype == np.float16
+    np.testing.assert_array_equal(
+        moved, rotation.shift(at_old.astype(np.float32), 200, 7).astype(np.float16))
+    at_new = _rotate(raw, cos[7:47], sin[7:47], False).astype(np.float16)
+    _assert_within_ulps(moved, at_new, 2)
+
+
+def _assert_within_ulps(got: np.ndarray, want: np.ndarray, ulps: int, atol: float = 1e-4,
+                        what: str = "") -> None:
+    """float16 arrays: within `ulps` units in the last place of each vector's largest
+    value in `want` (a rotation mixes a vector's values: its error follows them, not the
+    result's, which may be small); float32: `atol`."""
+    if want.dtype != np.float16:
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=what)
+        return
+    assert got.dtype == np.float16, what
+    unit = np.spacing(np.abs(want).max(axis=-1, keepdims=True)).astype(np.float32)
+    diff = np.abs(got.astype(np.float32) - want.astype(np.float32))
+    assert float((diff - ulps * unit).max()) <= 0, (what, float(diff.max()))
+
+
 # --- the matcher ----------------------------------------------------------------------
 
 
@@ -114,38 +146,44 @@ def test_runs_are_found_in_order_with_the_gaps_between_them():
 # --- shifted KV against recomputed KV -------------------------------------------------
 
 
-def _kv_of(folder: Path, ids: list[int]) -> list[np.ndarray]:
-    engine = _cold(folder)
+def _kv_of(folder: Path, ids: list[int], kv_dtype: str = "auto") -> list[np.ndarray]:
+    engine = Engine.load(folder, EngineConfig(intra_op_threads=1, prefix_cache=False,
+                                              kv_dtype=kv_dtype))
     runner = engine.runner
     runner.reserve(len(ids))
     runner.forward(np.array(ids, dtype=np.int64))
     return runner.export_kv(0, len(ids))
 
 
-def test_shifted_kv_equals_recomputed_kv_on_a_one_layer_model(one_layer):
+@pytest.mark.parametrize("kv_dtype", ["auto", "float32"])  # auto: float16 where it applies
+def test_shifted_kv_equals_recomputed_kv_on_a_one_layer_model(one_layer, kv_dtype):
     from engine.kv.shift import Segment
 
-    engine = Engine.load(one_layer, EngineConfig(intra_op_threads=1, cache_reuse=MIN_RUN))
+    engine = Engine.load(one_layer, EngineConfig(intra_op_threads=1, cache_reuse=MIN_RUN,
+                                                 kv_dtype=kv_dtype))
     shifter = engine.reuse.shifter
     assert shifter is not None, engine.describe()["kv_shift"]
     run = DOC[100:180]
-    old = _kv_of(one_layer, DOC[:100] + run)  # the run at positions 100..180
-    new = _kv_of(one_layer, DOC[300:330] + run)  # the same run at 30..110
+    old = _kv_of(one_layer, DOC[:100] + run, kv_dtype)  # the run at positions 100..180
+    new = _kv_of(one_layer, DOC[300:330] + run, kv_dtype)  # the same run at 30..110
     plan = shifter.copy([Segment(30, len(run), 100)], lambda a, b: [r[:, a:b] for r in old])
     for pair, moved, fresh in zip(engine.spec.kv_pairs, plan.rows[0], new, strict=True):
-        np.testing.assert_allclose(moved, fresh[:, 30:], rtol=0, atol=1e-4,
-                                   err_msg=f"{pair.kind} of layer {pair.layer}")
+        # float16: the source key was rounded at its old position, then rotated and rounded
+        # again: two roundings where the recomputed key had one
+        _assert_within_ulps(moved, fresh[:, 30:], 2, what=f"{pair.kind} of layer {pair.layer}")
 
 
 def test_deeper_layers_keep_the_context_a_shifted_run_was_computed_in(deep):
     from engine.kv.shift import Segment
 
-    engine = Engine.load(deep, EngineConfig(intra_op_threads=1, cache_reuse=MIN_RUN))
+    # float32 KV: the context's mark on layer 1 is measured against float32's rounding
+    engine = Engine.load(deep, EngineConfig(intra_op_threads=1, cache_reuse=MIN_RUN,
+                                            kv_dtype="float32"))
     shifter = engine.reuse.shifter
     assert shifter is not None
     run = DOC[100:180]
-    old = _kv_of(deep, DOC[:100] + run)
-    new = _kv_of(deep, DOC[300:330] + run)
+    old = _kv_of(deep, DOC[:100] + run, "float32")
+    new = _kv_of(deep, DOC[300:330] + run, "float32")
     plan = shifter.copy([Segment(30, len(run), 100)], lambda a, b: [r[:, a:b] for r in old])
     errors = {(p.layer, p.kind): float(np.abs(moved - fresh[:, 30:]).max())
               for p, moved, fresh in zip(engine.spec.kv_pairs, plan.rows[0], new, strict=True)}

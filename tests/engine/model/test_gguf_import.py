@@ -67,7 +67,9 @@ def _gguf(gguf_dir: Path, tok_dir: Path, case: str) -> Path:
 
 
 def _logits(model_dir: Path, ids: list[int]) -> np.ndarray:
-    engine = Engine.load(model_dir)
+    # float32 KV, as the reference forward pass keeps it (float16 KV moves the logits by
+    # its rounding, ~5e-4 of their largest: tests/engine/kernels/test_kv16.py)
+    engine = Engine.load(model_dir, EngineConfig(kv_dtype="float32"))
     try:
         return engine.runner.forward(np.array(ids, np.int64), all_logits=True).copy()
     finally:

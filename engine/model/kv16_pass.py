@@ -1,0 +1,117 @@
+"""Float16 KV on the CPU: the live cache in 16 bits where the engine's kernel runs attention.
+
+After `own_attention_moves` (engine.model.graph_passes) has moved GroupQueryAttention nodes
+to the engine's kernel, `half_kv` retypes the graph's past inputs and present outputs from
+FLOAT to FLOAT16 and moves the nodes to `engine.kernels::GroupQueryAttentionF16KV`
+(engine/kernels/decode_attention.c): queries, new keys and values and the output stay
+float32; each new key (after rotary) and value is rounded to float16 once, written into the
+cache, and every read of the cache (a chunk's own tokens included) converts it back, so a
+token's output has the same bits on every path, as with float32 KV. Half the KV bytes per
+token (docs/kv-and-scheduling.md has the measured agreement with float32 KV).
+
+All or nothing per model: every GroupQueryAttention node must run the engine's kernel, its
+past and present must be float32 graph inputs and outputs, read by no other node (a `Shape`
+aside) and given to no other attention node; else the graph keeps float32 KV and the reason.
+Like the other passes, the edit is made on the protobuf bytes.
+"""
+
+from __future__ import annotations
+
+from engine.model import onnx_proto as proto
+from engine.model.graph_passes import KERNEL_DOMAIN, _node_parts, _parse, _with_graph
+from engine.model.onnx_scan import _Reader, _scan_value_info
+
+#: The engine kernel's GroupQueryAttention over a float16 cache.
+F16_OP = "GroupQueryAttentionF16KV"
+#: Ops that may read a past input besides attention: they do not look at its values.
+_TYPE_BLIND = frozenset({"Shape"})
+
+
+def half_kv(data: bytes) -> tuple[bytes | None, str | None]:
+    """`data` (its attention already moved to the engine's kernel) with float16 past and
+    present tensors, or (None, why the KV stays float32)."""
+    parsed = _parse(data)
+    if parsed is None:
+        return None, "the graph could not be read"
+    view, graph = parsed
+    g0, g1 = graph.span
+    r = _Reader(view, g0, g1)
+    attention: list[tuple[int, int]] = []
+    caches: set[str] = set()
+    presents: set[str] = set()
+    others: list[tuple[str, list[str]]] = []  # (op type, inputs) of every other node
+    types: dict[tuple[int, str], int] = {}  # (field, name) -> elem type of graph in/outputs
+    for number, wire, value in r.fields():
+        if wire != 2:
+            continue
+        if number == 1:
+            g = next(n for n in graph.nodes if n.start == r.field_start)
+            if g.node.op_type != "GroupQueryAttention":
+                others.append((g.node.op_type, g.node.inputs))
+                continue
+            parts = _node_parts(view, g)
+            if parts.domain != KERNEL_DOMAIN:
+                return None, "not every GroupQueryAttention node runs the engine's kernel"
+            if len(parts.inputs) < 5 or len(parts.outputs) < 3:
+                return None, "an attention node without its past and present KV"
+            attention.append((g.start, g.end))
+            caches.update(parts.inputs[3:5])
+            presents.update(parts.outputs[1:3])
+        elif number in (11, 12):
+            info = _scan_value_info(r.sub(value))
+            types[(number, info.name)] = info.elem_type
+    if not attention:
+        return None, "no GroupQueryAttention node runs the engine's kernel"
+    if len(caches) != 2 * len(attention) or len(presents) != 2 * len(attention):
+        return None, "attention nodes share a KV tensor"
+    if any(types.get((11, name)) != proto.FLOAT for name in caches):
+        return None, "a past KV input is not a float32 graph input"
+    if any(types.get((12, name)) != proto.FLOAT for name in presents):
+        return None, "a present KV output is not a float32 graph output"
+    for op, inputs in others:
+        if op not in _TYPE_BLIND and caches.intersection(inputs):
+            return None, f"a {op} node reads the past KV"
+        if presents.intersection(inputs):
+            return None, f"a {op} node reads the present KV"
+    out = bytearray()
+    r = _Reader(view, g0, g1)
+    starts = {s for s, _ in attention}
+    for number, wire, value in r.fields():
+        raw = view[r.field_start:r.pos]
+        if number == 1 and wire == 2 and r.field_start in starts:
+            out += proto._bytes(1, _renamed_op(view, value, F16_OP))
+        elif number in (11, 12, 13) and wire == 2 and \
+                _scan_value_info(r.sub(value)).name in (caches | presents):
+            out += proto._bytes(number, _float16_info(view, value))
+        else:
+            out += raw
+    return _with_graph(view, bytes(out)), None
+
+
+def _renamed_op(view: memoryview, span: tuple[int, int], op_type: str) -> bytes:
+    """A NodeProto's bytes with another op_type (field 4)."""
+    body = _Reader(view, *span)
+    out = bytearray()
+    for number, wire, _ in body.fields():
+        raw = view[body.field_start:body.pos]
+        out += proto._str(4, op_type) if (number, wire) == (4, 2) else raw
+    return bytes(out)
+
+
+def _float16_info(view: memoryview, span: tuple[int, int]) -> bytes:
+    """A ValueInfoProto's bytes with its tensor's element type FLOAT16, the rest as it was."""
+    def rewrite(span: tuple[int, int], path: tuple[int, ...]) -> bytes:
+        body = _Reader(view, *span)
+        out = bytearray()
+        for number, wire, value in body.fields():
+            raw = view[body.field_start:body.pos]
+            if not path and (number, wire) == (1, 0):
+                out += proto._int(1, proto.FLOAT16)  # TensorProto.elem_type
+            elif path and (number, wire) == (path[0], 2):
+                out += proto._bytes(number, rewrite(value, path[1:]))
+            else:
+                out += raw
+        return bytes(out)
+
+    # ValueInfoProto.type (2) -> TypeProto.tensor_type (1) -> elem_type (1)
+    return rewrite(span, (2, 1))
