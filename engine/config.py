@@ -210,8 +210,8 @@ class EngineConfig:
     prefix_cache: bool = True
     #: Reuse by shifting (engine.kv.shift): runs of at least this many cached tokens found
     #: at other positions of a new prompt keep their KV, keys re-rotated (in a prompt under
-    #: 8x this, runs of an eighth of it); 0 = off (every token after the common prefix is
-    #: recomputed: answers exactly as without a cache).
+    #: 8x this, runs of an eighth of it, at least 64); 0 = off (every token after the
+    #: common prefix is recomputed: answers exactly as without a cache).
     cache_reuse: int = 256
     #: Tokens per KV page (the granularity of prefix reuse).
     kv_page_size: int = 32

@@ -11,7 +11,8 @@ What it may change: a shifted run's KV was computed after other tokens (the ones
 or the text before an edit), so its keys and values still carry that context where a full
 recompute would see the new one. Answers are then close to, not the same as, a recompute's
 (docs/kv-and-scheduling.md has the measured agreement). `EngineConfig.cache_reuse` = 0
-turns it off; runs shorter than it (or than an eighth of a shorter prompt) are recomputed.
+turns it off; runs shorter than it (or than an eighth of a shorter
+prompt, at least 64 tokens) are recomputed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ ANCHOR = 16
 TRIES = 8
 #: Runs as long as 1/RELATIVE_RUN of a prompt are reused where that is under `min_run`.
 RELATIVE_RUN = 8
+#: ... but never under this many tokens.
+SHORTEST_RUN = 64
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,9 @@ class Shifter:
 
     def min_run_for(self, prompt_len: int) -> int:
         """The shortest run reused in a prompt of `prompt_len` tokens: `min_run`, or an
-        eighth of a shorter prompt (an editor's 512-token window holds no run of 256)."""
-        return min(self.min_run, max(ANCHOR, prompt_len // RELATIVE_RUN))
+        eighth of a shorter prompt, at least SHORTEST_RUN (an editor's 512-token window
+        holds no run of 256)."""
+        return min(self.min_run, max(SHORTEST_RUN, prompt_len // RELATIVE_RUN))
 
     def plan(self, cached: Sequence[int], prompt: list[int],
              limit: int) -> tuple[int, list[Segment]]:

@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="RAM limit for this process: auto, 0.5, 50%%, 8GiB ...")
     eng.add_argument("--cache-reuse", type=int, default=256, metavar="N",
                      help="reuse runs of at least N cached tokens (or an eighth of a prompt "
-                          "under 8N tokens) found at other positions of a new prompt by "
-                          "shifting their KV (0 = off: recompute them)")
+                          "under 8N tokens, at least 64) found at other positions of a new "
+                          "prompt by shifting their KV (0 = off: recompute them)")
     add_kv_dtype(eng)
     eng.add_argument("--kv-store-dir", type=Path,
                      help="where prompt KV is kept across restarts (default: the user cache)")
