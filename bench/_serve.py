@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,10 +61,15 @@ def worker(*args: str, root: Path = REPO) -> Iterator[Worker]:
             ready = json.loads(line)
             yield Worker(proc, ready["url"], ready["host"], int(ready["port"]))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            stop(proc)
             err.close()
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Ask a server process to end; kill it after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)

@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._chat import MODEL, SYSTEM, chat_texts, stream, tokenizer, vm_hwm_mib  # noqa: E402
-from bench._serve import worker  # noqa: E402
+from bench._serve import stop, worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
@@ -93,12 +93,7 @@ def llama_server(python: Path, gguf: Path, threads: int, n_ctx: int) -> Iterator
                     time.sleep(0.3)
             yield proc, url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            stop(proc)
             log.close()
 
 
