@@ -7,8 +7,8 @@ present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run wi
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 ``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
-float16 cache; ``base``: the fp32 operator of the library at ``--base-library``, another
-build to compare with), at
+float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
+library at ``--base-library``, another build to compare with), at
 several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
 512 tokens after 1,500). Every arm
 and length runs in a fresh process, order rotated each round; the best of the rounds
@@ -40,7 +40,7 @@ from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
-MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base")
+MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
@@ -85,7 +85,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     from engine.config import SPIN_US
     from engine.model.graph_passes import KERNEL_DOMAIN
 
-    f16 = arm.startswith("ours-f16")
+    f16 = arm.startswith("ours-f16") or arm == "base-f16"
     library = kernels.library()
     if arm != "ort" and library is None:
         raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
@@ -140,23 +140,23 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS),
                    help=f"which arms, of {', '.join(ARMS + MORE_ARMS)}")
     p.add_argument("--base-library", default="",
-                   help="the library whose fp32 operator the arm 'base' runs")
+                   help="the library whose operators the arms 'base' and 'base-f16' run")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
         if arm.endswith(("-portable", "-avx2")):  # read by the library at load
             os.environ["ONNX_GENAI_KERNELS"] = arm.rpartition("-")[2]
-        if arm == "base":
+        if arm.startswith("base"):
             os.environ["ONNX_GENAI_KERNELS_LIBRARY"] = args.base_library
         print(json.dumps(worker(arm, length, args.threads, args.steps, args.new)), flush=True)
         return 0
     lens = [int(n) for n in args.lens.split(",") if n]
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS + MORE_ARMS]
-    if unknown or ("base" in arms and not Path(args.base_library).is_file()):
+    if unknown or (any(a.startswith("base") for a in arms) and not Path(args.base_library).is_file()):
         p.error(f"unknown arms {unknown} (known: {', '.join(ARMS + MORE_ARMS)})" if unknown
-                else "the arm 'base' needs --base-library PATH, a built library")
+                else "the arms 'base' and 'base-f16' need --base-library PATH, a built library")
     jobs = [(a, n) for n in lens for a in arms]
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):

@@ -235,32 +235,55 @@ __attribute__((target("avx2,fma"))) static void dots_avx2(const float* q, const 
 
 
 
-/* dots_avx2 with AVX-512: sixteen lanes per step, each key's lanes folded to eight
-   (upper half onto lower) and then summed as dots_avx2 does. */
-__attribute__((target("avx512f,avx2,fma"))) static void dots_avx512(const float* q, const float* K, int64_t n,
-                                                                   int64_t D, float* scores) {
+/* The dot products of sixteen keys at once in AVX-512: a[j] holds key j's sixteen lane
+   sums (lane l: the products of dimensions l, l + 16, ... in order), reduced by the same
+   tree as sum16 (lane l + lane l + 8, then + 4, + 2, + 1), all sixteen keys together:
+   pairs of registers are shuffled so that every add serves sixteen lanes of useful work,
+   instead of a shuffle tree per key. The result's lane j is key j's dot product. */
+__attribute__((target("avx512f"))) static inline __m512 reduce16(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) /* [key 2i: f0..f7 | key 2i+1: f0..f7], f_l = a_l + a_(l+8) */
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i) /* 128-bit lane L: key 4i + L's g0..g3, g_l = f_l + f_(l+4) */
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i) /* lane L: key 8i + L's h0, h1, key 8i + 4 + L's h0, h1 */
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+  /* element 4L + c: key 4c + L's h0 + h1 */
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, e);
+}
+
+/* scores[t] = q . K[t] for t < n, D a multiple of 16 (AVX-512): sixteen keys at a time,
+   each key's sixteen lanes summed over its dimensions in order, then reduce16. A key's
+   dot product has the same bits whichever keys are computed with it (a short last group
+   leaves the missing keys' lanes at zero). */
+__attribute__((target("avx512f"))) static void dots_avx512(const float* q, const float* K, int64_t n,
+                                                           int64_t D, float* scores) {
+  __m512 a[16];
   int64_t t = 0;
-  for (; t + 4 <= n; t += 4) {
+  for (; t + 16 <= n; t += 16) {
     const float* k = K + t * D;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 qd = _mm512_loadu_ps(q + d);
-      a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + d), a0);
-      a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + D + d), a1);
-      a2 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 2 * D + d), a2);
-      a3 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 3 * D + d), a3);
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + j * D + d), a[j]);
     }
-#define FOLD(a) \
-  _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
-    _mm_storeu_ps(scores + t, sum4_ymm(FOLD(a0), FOLD(a1), FOLD(a2), FOLD(a3)));
+    _mm512_storeu_ps(scores + t, reduce16(a));
   }
-  for (; t < n; ++t) {
+  if (t < n) {
+    const int64_t m = n - t;
     const float* k = K + t * D;
-    __m512 a0 = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
-    const __m256 f = FOLD(a0);
-#undef FOLD
-    scores[t] = _mm_cvtss_f32(sum4_ymm(f, f, f, f));
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 qd = _mm512_loadu_ps(q + d);
+      for (int j = 0; j < 16; ++j)
+        if (j < m) a[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + j * D + d), a[j]);
+    }
+    _mm512_mask_storeu_ps(scores + t, (__mmask16)((1u << m) - 1u), reduce16(a));
   }
 }
 #endif
@@ -389,13 +412,164 @@ static inline float sum16(const float* lanes) {
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-/* Most query vectors one call of attend takes (its maxima and sums on the stack). */
-#define MAX_VECTORS 256
-#define ROW_N_OUT(s, r, t0) ((int64_t)(s)->totals[r] - (t0))
+#ifdef HAVE_X86_PATHS
+__attribute__((target("avx512f"))) static float largest_avx512(const float* x, int64_t n) {
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+  int64_t t = 0;
+  for (; t + 32 <= n; t += 32) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + t));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + t + 16));
+  }
+  for (; t < n; t += 16) {
+    const __mmask16 keep = n - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - t)) - 1u);
+    m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), keep, x + t));
+  }
+  return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+#endif
 
 /* Keys per tile: a tile's keys or values (TILE x head_size floats) stay in the core's
    first-level cache while every query vector of the block goes over them. */
 #define TILE 64
+
+#ifdef HAVE_X86_PATHS
+/* Query vectors reading one tile from which the transposed path (dots_t16) pays: below,
+   transposing the tile costs more than the reductions it saves. */
+#define TRANSPOSED_FROM 12
+
+/* t[i] <- column i of the 16 x 16 block whose rows are r[0..15] (r may alias t). */
+__attribute__((target("avx512f"))) static inline void transpose16(const __m512* r, __m512* t) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; i += 2) { /* pairs of rows: elements interleaved */
+    a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) { /* then pairs of elements */
+    b[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
+    b[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
+    b[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
+    b[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
+  }
+  /* b[4k + c] holds, in 128-bit lane L, elements 4L + c of rows 4k..4k+3 */
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88), x1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
+    const __m512 y0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88),
+                 y1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);      /* column c */
+    t[4 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);  /* column 4 + c */
+    t[8 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);  /* column 8 + c */
+    t[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD); /* column 12 + c */
+  }
+}
+
+/* Kt[d * TILE + t] = key t's dimension d for t < m (keys at src: m rows of D floats, or of
+   D float16 with f16), and 0 for the rest of the m's last group of sixteen. */
+__attribute__((target("avx512f"))) static void transpose_tile(const void* src, int f16, int64_t m, int64_t D,
+                                                             float* Kt) {
+  __m512 r[16];
+  for (int64_t k0 = 0; k0 < m; k0 += 16)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      for (int64_t i = 0; i < 16; ++i) {
+        if (k0 + i >= m) {
+          r[i] = _mm512_setzero_ps();
+        } else if (f16) {
+          r[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)src + (k0 + i) * D + d0)));
+        } else {
+          r[i] = _mm512_loadu_ps((const float*)src + (k0 + i) * D + d0);
+        }
+      }
+      transpose16(r, r);
+      for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(Kt + (d0 + i) * TILE + k0, r[i]);
+    }
+}
+
+/* scores[x][16 y + i] = q_x . key 16 y + i of the transposed tile Kt, for x < nq and
+   y < groups: each dot product is dots_avx512's (lane l's sums over the dimensions l,
+   l + 16, ... in order, then the tree of reduce16: + 8, + 4, + 2, + 1), its lanes now
+   sixteen keys of one query, so the tree is vertical adds. Two queries by two groups at
+   a time, the tree's pairs computed as they are needed (few registers live). */
+__attribute__((target("avx512f"))) static ALWAYS_INLINE void dots_t16_d(const float* const* q, float* const* scores,
+                                                                      int64_t nq, const float* Kt, int64_t groups,
+                                                                      const int64_t D) {
+  for (int64_t x = 0; x < nq; x += 2) {
+    const float *q0 = q[x], *q1 = q[x + 1 < nq ? x + 1 : x]; /* an odd last query goes twice */
+    for (int64_t y = 0; y < groups; y += 2) {
+      const float *K0 = Kt + y * 16, *K1 = Kt + (y + 1 < groups ? y + 1 : y) * 16;
+      __m512 quads[4][4]; /* quad l: pair l + pair l + 4 (pair l: lane l + lane l + 8) */
+/* c.. = lane l's sums (query 0/1 by group 0/1) */
+#define CHAIN(l, c00, c01, c10, c11)                                                        \
+  c00 = c01 = c10 = c11 = _mm512_setzero_ps();                                              \
+  _Pragma("GCC unroll 16") for (int64_t d = (l); d < D; d += 16) {                          \
+    const __m512 k0 = _mm512_loadu_ps(K0 + d * TILE), k1 = _mm512_loadu_ps(K1 + d * TILE); \
+    const __m512 b0 = _mm512_set1_ps(q0[d]), b1 = _mm512_set1_ps(q1[d]);                   \
+    c00 = _mm512_fmadd_ps(b0, k0, c00);                                                     \
+    c01 = _mm512_fmadd_ps(b0, k1, c01);                                                     \
+    c10 = _mm512_fmadd_ps(b1, k0, c10);                                                     \
+    c11 = _mm512_fmadd_ps(b1, k1, c11);                                                     \
+  }
+      _Pragma("GCC unroll 1") for (int64_t l = 0; l < 4; ++l) {
+        __m512 f[4], a00, a01, a10, a11, b00, b01, b10, b11;
+        CHAIN(l, a00, a01, a10, a11)
+        CHAIN(l + 8, b00, b01, b10, b11)
+        f[0] = _mm512_add_ps(a00, b00);
+        f[1] = _mm512_add_ps(a01, b01);
+        f[2] = _mm512_add_ps(a10, b10);
+        f[3] = _mm512_add_ps(a11, b11);
+        CHAIN(l + 4, a00, a01, a10, a11)
+        CHAIN(l + 12, b00, b01, b10, b11)
+        quads[l][0] = _mm512_add_ps(f[0], _mm512_add_ps(a00, b00));
+        quads[l][1] = _mm512_add_ps(f[1], _mm512_add_ps(a01, b01));
+        quads[l][2] = _mm512_add_ps(f[2], _mm512_add_ps(a10, b10));
+        quads[l][3] = _mm512_add_ps(f[3], _mm512_add_ps(a11, b11));
+      }
+#undef CHAIN
+      __m512 e[4]; /* (quad 0 + quad 2) + (quad 1 + quad 3) */
+      for (int i = 0; i < 4; ++i)
+        e[i] = _mm512_add_ps(_mm512_add_ps(quads[0][i], quads[2][i]), _mm512_add_ps(quads[1][i], quads[3][i]));
+      /* the last row written last: an odd query or group goes twice, the same bits */
+      _mm512_storeu_ps(scores[x] + y * 16, e[0]);
+      if (y + 1 < groups) _mm512_storeu_ps(scores[x] + y * 16 + 16, e[1]);
+      if (x + 1 < nq) {
+        _mm512_storeu_ps(scores[x + 1] + y * 16, e[2]);
+        if (y + 1 < groups) _mm512_storeu_ps(scores[x + 1] + y * 16 + 16, e[3]);
+      }
+    }
+  }
+}
+
+/* dots_t16_d with the common head sizes constant (the chains unrolled). */
+__attribute__((target("avx512f"), noinline)) static void dots_t16(const float* const* q, float* const* scores,
+                                                                 int64_t nq, const float* Kt, int64_t groups,
+                                                                 int64_t D) {
+  switch (D) {
+    case 64: dots_t16_d(q, scores, nq, Kt, groups, 64); break;
+    case 128: dots_t16_d(q, scores, nq, Kt, groups, 128); break;
+    default: dots_t16_d(q, scores, nq, Kt, groups, D); break;
+  }
+}
+#endif
+
+/* The largest of x[0..n-1] (n > 0). The order it is found in changes nothing that follows:
+   maxima are exact, and equal scores of either zero's sign give the same weights. */
+static ALWAYS_INLINE float largest(const float* x, int64_t n) {
+#ifdef HAVE_X86_PATHS
+  if (g_isa == 2) return largest_avx512(x, n);
+#endif
+  float top[16];
+  for (int l = 0; l < 16; ++l) top[l] = -INFINITY;
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    for (int l = 0; l < 16; ++l) top[l] = x[t + l] > top[l] ? x[t + l] : top[l];
+  float m = top[0];
+  for (int l = 1; l < 16; ++l) m = top[l] > m ? top[l] : m;
+  for (; t < n; ++t) m = x[t] > m ? x[t] : m;
+  return m;
+}
+
+/* Most query vectors one call of attend takes (its maxima and sums on the stack). */
+#define MAX_VECTORS 256
+#define ROW_N_OUT(s, r, t0) ((int64_t)(s)->totals[r] - (t0))
+
 
 /* scores[t] = q . K[t] for t < n: each key's dot product on its own (the same bits
    whichever keys are computed with it). */
@@ -505,25 +679,53 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts);                              \
     halves_to_floats(KV16_AT(base, r, ts), (reach_ < TILE ? reach_ : TILE) * D, tile); \
   } while (0)
-  /* The scores, tile by tile: the tile's keys are read once for the block. */
+  /* The scores, tile by tile: the tile's keys are read once for the block. Where many
+     query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
+     the keys' dot products computed sixteen keys to a register (dots_t16): the same bits
+     as `dots`, without its per-key reductions. */
   for (int64_t ts = 0; ts < longest; ts += TILE) {
     int64_t converted = -1; /* f16: the batch row whose tile ts is in `tile` */
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = ROW_N(r);
-      if (n <= ts) continue;
-      const int64_t m = n - ts < TILE ? n - ts : TILE;
-      const float* keys;
-      if (f16) {
-        if (r / s->seq != converted) {
-          CONVERT_TILE(s->keys, r, ts);
-          converted = r / s->seq;
+    for (int64_t ra = r0, rb; ra < r1; ra = rb) {
+      rb = BATCH_END(ra);
+      const int64_t reach = ROW_N(rb - 1) - ts; /* the segment's last row reads furthest */
+      if (reach <= 0) continue;
+#ifdef HAVE_X86_PATHS
+      if (g_isa == 2 && D % 16 == 0 && (rb - ra) * G >= TRANSPOSED_FROM) {
+        const int64_t mt = reach < TILE ? reach : TILE;
+        const void* src = f16 ? (const void*)KV16_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
+        transpose_tile(src, f16, mt, D, tile);
+        converted = -1;
+        const float* qv[MAX_VECTORS];
+        float* sv[MAX_VECTORS];
+        int64_t nq = 0;
+        for (int64_t r = ra; r < rb; ++r) {
+          if (ROW_N(r) <= ts) continue;
+          for (int64_t j = 0; j < G; ++j, ++nq) {
+            qv[nq] = s->q + (r * s->heads + g * G + j) * D;
+            sv[nq] = scores + ((r - r0) * G + j) * CHUNK + ts;
+          }
         }
-        keys = tile;
-      } else {
-        keys = KV_AT(s->keys, r, ts);
+        dots_t16(qv, sv, nq, tile, (mt + 15) / 16, D);
+        continue;
       }
-      for (int64_t j = 0; j < G; ++j)
-        dots(s->q + (r * s->heads + g * G + j) * D, keys, m, D, scores + ((r - r0) * G + j) * CHUNK + ts);
+#endif
+      for (int64_t r = ra; r < rb; ++r) {
+        const int64_t n = ROW_N(r);
+        if (n <= ts) continue;
+        const int64_t m = n - ts < TILE ? n - ts : TILE;
+        const float* keys;
+        if (f16) {
+          if (r / s->seq != converted) {
+            CONVERT_TILE(s->keys, r, ts);
+            converted = r / s->seq;
+          }
+          keys = tile;
+        } else {
+          keys = KV_AT(s->keys, r, ts);
+        }
+        for (int64_t j = 0; j < G; ++j)
+          dots(s->q + (r * s->heads + g * G + j) * D, keys, m, D, scores + ((r - r0) * G + j) * CHUNK + ts);
+      }
     }
   }
   float sums[MAX_VECTORS], tops[MAX_VECTORS];
@@ -534,14 +736,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       float* acc = accs + ((r - r0) * G + j) * D;
       for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
       if (n <= 0) continue;
-      float top[16];
-      for (int l = 0; l < 16; ++l) top[l] = -INFINITY;
-      int64_t t = 0;
-      for (; t + 16 <= n; t += 16)
-        for (int l = 0; l < 16; ++l) top[l] = sc[t + l] > top[l] ? sc[t + l] : top[l];
-      float m = top[0];
-      for (int l = 1; l < 16; ++l) m = top[l] > m ? top[l] : m;
-      for (; t < n; ++t) m = sc[t] > m ? sc[t] : m;
+      const float m = largest(sc, n);
+      int64_t t;
       for (t = 0; t < n; ++t) sc[t] = exp_neg(sc[t] - m);
       float lanes[16] = {0};
       for (t = 0; t + 16 <= n; t += 16)
@@ -657,8 +853,8 @@ static void attend_chunk(void* data, size_t task) {
   const int64_t r = (int64_t)task / (s->chunks * s->kv_heads);
   const int64_t D = s->head_size;
   float* out = s->partial + ((r * s->heads + g * s->group) * s->chunks + chunk) * (D + 2);
-  float small[4 * (CHUNK + MAX_HEAD) + TILE * 64]; /* and a float16 tile of head size 64 or less */
-  const size_t need = (size_t)(s->group * (CHUNK + D) + (s->f16 ? TILE * D : 0));
+  float small[4 * (CHUNK + MAX_HEAD) + TILE * 64]; /* and a tile (float16 as floats, or transposed) of head size 64 or less */
+  const size_t need = (size_t)(s->group * (CHUNK + D) + TILE * D);
   float* scratch = need <= sizeof small / sizeof small[0] ? small : (float*)malloc(need * sizeof(float));
   if (scratch == NULL) {
     s->failed = 1;
@@ -672,13 +868,20 @@ static void attend_chunk(void* data, size_t task) {
    KV head). The task walks the chunks in order and runs each chunk for all its rows, so
    the chunk's keys and values are read from memory once for the block, then combines
    each row's partials itself, in its own scratch. */
-#define ROW_BLOCK 16 /* rows x group <= MAX_VECTORS (kernel_compute checks) */
+#define ROW_BLOCK 32 /* at most; rows x group <= MAX_VECTORS (row_block) */
+
+/* Rows per row task: up to ROW_BLOCK, as many as MAX_VECTORS query vectors allow. */
+static inline int64_t row_block(int64_t group) {
+  const int64_t n = MAX_VECTORS / group;
+  return n < ROW_BLOCK ? n : ROW_BLOCK;
+}
 
 static void attend_rows(void* data, size_t task) {
   Step* s = (Step*)data;
   const int64_t g = (int64_t)task % s->kv_heads;
-  const int64_t r0 = ((int64_t)task / s->kv_heads) * ROW_BLOCK;
-  const int64_t r1 = r0 + ROW_BLOCK < s->rows ? r0 + ROW_BLOCK : s->rows;
+  const int64_t block = row_block(s->group);
+  const int64_t r0 = ((int64_t)task / s->kv_heads) * block;
+  const int64_t r1 = r0 + block < s->rows ? r0 + block : s->rows;
   const int64_t D = s->head_size, G = s->group;
   int64_t chunks = 0;
   for (int64_t r = r0; r < r1; ++r) {
@@ -686,7 +889,7 @@ static void attend_rows(void* data, size_t task) {
     chunks = c > chunks ? c : chunks;
   }
   const int64_t per_head = chunks * (D + 2);
-  float* parts = (float*)malloc((size_t)((r1 - r0) * G * (per_head + CHUNK + D) + (s->f16 ? TILE * D : 0)) *
+  float* parts = (float*)malloc((size_t)((r1 - r0) * G * (per_head + CHUNK + D) + TILE * D) *
                                 sizeof(float));
   if (parts == NULL) {
     s->failed = 1;
@@ -860,7 +1063,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
            memcmp(past_key.dims, past_value.dims, sizeof past_key.dims) == 0;
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
-  if (fast) fast = (k->num_heads / k->kv_num_heads) * ROW_BLOCK <= MAX_VECTORS;
+  if (fast) fast = k->num_heads / k->kv_num_heads <= MAX_VECTORS;
   if (!fast) return k->f16 ? run_fallback_f16(k, context, inputs) : run_fallback(k, context, inputs);
   const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
   const int64_t D = past_key.dims[3], R = B * S;
@@ -913,7 +1116,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
-  const int row_tasks = ((R + ROW_BLOCK - 1) / ROW_BLOCK) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
+  const int64_t block = row_block(G);
+  const int row_tasks = ((R + block - 1) / block) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
   float* q = (float*)malloc((size_t)(R * H * D) * sizeof(float));
   int32_t* totals = (int32_t*)malloc((size_t)R * sizeof(int32_t));
   float* partial = row_tasks ? NULL : (float*)malloc((size_t)(R * H * chunks * (D + 2)) * sizeof(float));
@@ -959,7 +1163,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->f16};
   OrtStatus* status;
   if (row_tasks) {
-    const int64_t blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t blocks = (R + block - 1) / block;
     status = API(KernelContext_ParallelFor)(context, attend_rows, (size_t)(blocks * KVH), 0, &step);
     if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
   } else {
