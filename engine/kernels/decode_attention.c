@@ -463,11 +463,12 @@ __attribute__((target("avx512f"))) static inline void transpose16(const __m512* 
 }
 
 /* Kt[d * TILE + t] = key t's dimension d for t < m (keys at src: m rows of D floats, or of
-   D float16 with f16), and 0 for the rest of the m's last group of sixteen. */
+   D float16 with f16), and 0 for the rest of the 2 or 4 groups of sixteen dots_t16 reads. */
 __attribute__((target("avx512f"))) static void transpose_tile(const void* src, int f16, int64_t m, int64_t D,
                                                              float* Kt) {
   __m512 r[16];
-  for (int64_t k0 = 0; k0 < m; k0 += 16)
+  const int64_t padded = m > 2 * 16 ? TILE : 2 * 16; /* dots_t16 reads 2 or 4 groups */
+  for (int64_t k0 = 0; k0 < padded; k0 += 16)
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
       for (int64_t i = 0; i < 16; ++i) {
         if (k0 + i >= m) {
@@ -483,68 +484,68 @@ __attribute__((target("avx512f"))) static void transpose_tile(const void* src, i
     }
 }
 
+/* The order in which dots_t16 computes the sixteen lanes' sums: with the pending sums
+   kept as in a binary counter, step i's sum is added to step i - 1's where i is odd
+   (lane l + lane l + 8), then to the pending pair where i % 4 == 3 (+ 4), to the pending
+   quad where i % 8 == 7 (+ 2), and to the pending half at i == 15 (+ 1): reduce16's tree. */
+static const int LANE_ORDER[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
 /* scores[x][16 y + i] = q_x . key 16 y + i of the transposed tile Kt, for x < nq and
-   y < groups: each dot product is dots_avx512's (lane l's sums over the dimensions l,
-   l + 16, ... in order, then the tree of reduce16: + 8, + 4, + 2, + 1), its lanes now
-   sixteen keys of one query, so the tree is vertical adds. Two queries by two groups at
-   a time, the tree's pairs computed as they are needed (few registers live). */
+   y < NG groups of sixteen keys: each dot product is dots_avx512's (lane l's sums over the
+   dimensions l, l + 16, ... in order, then reduce16's tree), its lanes now sixteen keys of
+   one query, so the tree is vertical adds. Four queries by NG groups at a time: each
+   lane's sums are a small matrix product with few loads per multiply-add; the tree's
+   pending sums wait in `slots`. */
 __attribute__((target("avx512f"))) static ALWAYS_INLINE void dots_t16_d(const float* const* q, float* const* scores,
-                                                                      int64_t nq, const float* Kt, int64_t groups,
+                                                                      int64_t nq, const float* Kt, const int NG,
                                                                       const int64_t D) {
-  for (int64_t x = 0; x < nq; x += 2) {
-    const float *q0 = q[x], *q1 = q[x + 1 < nq ? x + 1 : x]; /* an odd last query goes twice */
-    for (int64_t y = 0; y < groups; y += 2) {
-      const float *K0 = Kt + y * 16, *K1 = Kt + (y + 1 < groups ? y + 1 : y) * 16;
-      __m512 quads[4][4]; /* quad l: pair l + pair l + 4 (pair l: lane l + lane l + 8) */
-/* c.. = lane l's sums (query 0/1 by group 0/1) */
-#define CHAIN(l, c00, c01, c10, c11)                                                        \
-  c00 = c01 = c10 = c11 = _mm512_setzero_ps();                                              \
-  _Pragma("GCC unroll 16") for (int64_t d = (l); d < D; d += 16) {                          \
-    const __m512 k0 = _mm512_loadu_ps(K0 + d * TILE), k1 = _mm512_loadu_ps(K1 + d * TILE); \
-    const __m512 b0 = _mm512_set1_ps(q0[d]), b1 = _mm512_set1_ps(q1[d]);                   \
-    c00 = _mm512_fmadd_ps(b0, k0, c00);                                                     \
-    c01 = _mm512_fmadd_ps(b0, k1, c01);                                                     \
-    c10 = _mm512_fmadd_ps(b1, k0, c10);                                                     \
-    c11 = _mm512_fmadd_ps(b1, k1, c11);                                                     \
-  }
-      _Pragma("GCC unroll 1") for (int64_t l = 0; l < 4; ++l) {
-        __m512 f[4], a00, a01, a10, a11, b00, b01, b10, b11;
-        CHAIN(l, a00, a01, a10, a11)
-        CHAIN(l + 8, b00, b01, b10, b11)
-        f[0] = _mm512_add_ps(a00, b00);
-        f[1] = _mm512_add_ps(a01, b01);
-        f[2] = _mm512_add_ps(a10, b10);
-        f[3] = _mm512_add_ps(a11, b11);
-        CHAIN(l + 4, a00, a01, a10, a11)
-        CHAIN(l + 12, b00, b01, b10, b11)
-        quads[l][0] = _mm512_add_ps(f[0], _mm512_add_ps(a00, b00));
-        quads[l][1] = _mm512_add_ps(f[1], _mm512_add_ps(a01, b01));
-        quads[l][2] = _mm512_add_ps(f[2], _mm512_add_ps(a10, b10));
-        quads[l][3] = _mm512_add_ps(f[3], _mm512_add_ps(a11, b11));
+  __m512 slots[4][16]; /* pending sums: lane, pair, quad, half; [query * NG + group] */
+  for (int64_t x = 0; x < nq; x += 4) {
+    const float* qx[4];
+    for (int i = 0; i < 4; ++i) qx[i] = q[x + i < nq ? x + i : nq - 1]; /* short: the last again */
+    _Pragma("GCC unroll 1") for (int step = 0; step < 16; ++step) {
+      const int64_t l = LANE_ORDER[step];
+      __m512 acc[16];
+      for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm512_setzero_ps();
+      _Pragma("GCC unroll 16") for (int64_t j = 0; j < D / 16; ++j) {
+        const int64_t d = 16 * j + l;
+        __m512 k[4];
+        for (int g = 0; g < NG; ++g) k[g] = _mm512_loadu_ps(Kt + d * TILE + 16 * g);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 b = _mm512_set1_ps(qx[i][d]);
+          for (int g = 0; g < NG; ++g) acc[i * NG + g] = _mm512_fmadd_ps(b, k[g], acc[i * NG + g]);
+        }
       }
-#undef CHAIN
-      __m512 e[4]; /* (quad 0 + quad 2) + (quad 1 + quad 3) */
-      for (int i = 0; i < 4; ++i)
-        e[i] = _mm512_add_ps(_mm512_add_ps(quads[0][i], quads[2][i]), _mm512_add_ps(quads[1][i], quads[3][i]));
-      /* the last row written last: an odd query or group goes twice, the same bits */
-      _mm512_storeu_ps(scores[x] + y * 16, e[0]);
-      if (y + 1 < groups) _mm512_storeu_ps(scores[x] + y * 16 + 16, e[1]);
-      if (x + 1 < nq) {
-        _mm512_storeu_ps(scores[x + 1] + y * 16, e[2]);
-        if (y + 1 < groups) _mm512_storeu_ps(scores[x + 1] + y * 16 + 16, e[3]);
+      int level = 0;
+      for (; level < 4 && (step >> level) & 1; ++level)
+        for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm512_add_ps(acc[i], slots[level][i]);
+      if (level < 4) {
+        for (int i = 0; i < 4 * NG; ++i) slots[level][i] = acc[i];
+        continue;
       }
+      for (int i = 0; i < 4 && x + i < nq; ++i)
+        for (int g = 0; g < NG; ++g) _mm512_storeu_ps(scores[x + i] + 16 * g, acc[i * NG + g]);
     }
   }
 }
 
-/* dots_t16_d with the common head sizes constant (the chains unrolled). */
+/* dots_t16_d for a tile of `groups` groups of sixteen keys (its unused keys zero), with
+   the common head sizes constant (the sums unrolled). */
 __attribute__((target("avx512f"), noinline)) static void dots_t16(const float* const* q, float* const* scores,
                                                                  int64_t nq, const float* Kt, int64_t groups,
                                                                  int64_t D) {
-  switch (D) {
-    case 64: dots_t16_d(q, scores, nq, Kt, groups, 64); break;
-    case 128: dots_t16_d(q, scores, nq, Kt, groups, 128); break;
-    default: dots_t16_d(q, scores, nq, Kt, groups, D); break;
+  if (groups > 2) {
+    switch (D) {
+      case 64: dots_t16_d(q, scores, nq, Kt, 4, 64); break;
+      case 128: dots_t16_d(q, scores, nq, Kt, 4, 128); break;
+      default: dots_t16_d(q, scores, nq, Kt, 4, D); break;
+    }
+  } else {
+    switch (D) {
+      case 64: dots_t16_d(q, scores, nq, Kt, 2, 64); break;
+      case 128: dots_t16_d(q, scores, nq, Kt, 2, 128); break;
+      default: dots_t16_d(q, scores, nq, Kt, 2, D); break;
+    }
   }
 }
 #endif
@@ -636,6 +637,44 @@ static ALWAYS_INLINE void weigh4(const float* const* p, const float* V, int64_t 
   memcpy(acc_out[2], a2, (size_t)D * sizeof(float));
   memcpy(acc_out[3], a3, (size_t)D * sizeof(float));
 }
+
+#ifdef HAVE_X86_PATHS
+/* weigh for `n` query vectors over the same values (n * head_size / 16 = 24 registers of
+   sums), t in [0, to): each value row is loaded once for the n, and each sum gets weigh's
+   operations (a multiply-add per position, in order of t). */
+__attribute__((target("avx512f"))) static ALWAYS_INLINE void weigh_n(const float* const* p, const float* V,
+                                                                   int64_t to, float* const* acc_out,
+                                                                   const int64_t D, const int n) {
+  const int z = (int)(D / 16);
+  __m512 a[24];
+  for (int e = 0; e < n; ++e)
+    for (int j = 0; j < z; ++j) a[e * z + j] = _mm512_loadu_ps(acc_out[e] + 16 * j);
+  for (int64_t t = 0; t < to; ++t) {
+    const float* v = V + t * D;
+    __m512 row[8];
+    for (int j = 0; j < z; ++j) row[j] = _mm512_loadu_ps(v + 16 * j);
+    for (int e = 0; e < n; ++e) {
+      const __m512 w = _mm512_set1_ps(p[e][t]);
+      for (int j = 0; j < z; ++j) a[e * z + j] = _mm512_fmadd_ps(w, row[j], a[e * z + j]);
+    }
+  }
+  for (int e = 0; e < n; ++e)
+    for (int j = 0; j < z; ++j) _mm512_storeu_ps(acc_out[e] + 16 * j, a[e * z + j]);
+}
+
+/* How many query vectors weigh_zmm takes for head size D (0: it does not, weigh4 does). */
+#define WEIGH_ZMM(D) (g_isa == 2 ? ((D) == 64 ? 6 : (D) == 128 ? 3 : 0) : 0)
+
+__attribute__((target("avx512f"), noinline)) static void weigh_zmm(const float* const* p, const float* V, int64_t to,
+                                                                  float* const* acc_out, int64_t D) {
+  if (D == 64)
+    weigh_n(p, V, to, acc_out, 64, 6);
+  else
+    weigh_n(p, V, to, acc_out, 128, 3);
+}
+#else
+#define WEIGH_ZMM(D) 0
+#endif
 
 /* One piece of work: the query heads of one KV head for rows r0..r1-1, over one chunk of
    positions, into partials of head_size + 2 floats (acc..., max, sum): row r's query head
@@ -774,16 +813,26 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         vm[nv] = n - ts < TILE ? n - ts : TILE;
       }
     }
+    /* AVX-512 with a head of 64 or 128: six or three query vectors a pass (weigh_zmm) */
+    const int64_t w = WEIGH_ZMM(D);
+    const int64_t at_once = w ? w : 4;
     int64_t i = 0;
-    for (; i + 4 <= nv; i += 4) {
-      if (vv[i + 1] != vv[i] || vv[i + 2] != vv[i] || vv[i + 3] != vv[i]) {
-        for (int64_t e = i; e < i + 4; ++e) weigh(vp[e], vv[e], 0, vm[e], va[e], D);
+    for (; i + at_once <= nv; i += at_once) {
+      int same = 1;
+      for (int64_t e = i + 1; e < i + at_once; ++e) same = same && vv[e] == vv[i];
+      if (!same) {
+        for (int64_t e = i; e < i + at_once; ++e) weigh(vp[e], vv[e], 0, vm[e], va[e], D);
         continue;
       }
       int64_t common = vm[i];
-      for (int64_t e = i + 1; e < i + 4; ++e) common = vm[e] < common ? vm[e] : common;
-      weigh4(vp + i, vv[i], common, va + i, D);
-      for (int64_t e = i; e < i + 4; ++e) weigh(vp[e], vv[e], common, vm[e], va[e], D);
+      for (int64_t e = i + 1; e < i + at_once; ++e) common = vm[e] < common ? vm[e] : common;
+#ifdef HAVE_X86_PATHS
+      if (w)
+        weigh_zmm(vp + i, vv[i], common, va + i, D);
+      else
+#endif
+        weigh4(vp + i, vv[i], common, va + i, D);
+      for (int64_t e = i; e < i + at_once; ++e) weigh(vp[e], vv[e], common, vm[e], va[e], D);
     }
     for (; i < nv; ++i) weigh(vp[i], vv[i], 0, vm[i], va[i], D);
   }
