@@ -154,7 +154,8 @@ def main() -> int:
     lens = [int(n) for n in args.lens.split(",") if n]
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS + MORE_ARMS]
-    if unknown or (any(a.startswith("base") for a in arms) and not Path(args.base_library).is_file()):
+    wants_base = any(a.startswith("base") for a in arms)
+    if unknown or (wants_base and not Path(args.base_library).is_file()):
         p.error(f"unknown arms {unknown} (known: {', '.join(ARMS + MORE_ARMS)})" if unknown
                 else "the arms 'base' and 'base-f16' need --base-library PATH, a built library")
     jobs = [(a, n) for n in lens for a in arms]

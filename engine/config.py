@@ -256,6 +256,10 @@ class EngineConfig:
     #: apply; "float32" keeps a float32 export's KV as it is. A model exported with float16
     #: KV (GPU exports) keeps it whatever this says.
     kv_dtype: str = "auto"
+    #: Linux, CPU: cap the engine kernels' threads at the cores other programs leave free,
+    #: looked at twice a second (engine.runtime.cpu_share: a step never waits on a thread
+    #: the OS put aside; the same answers). False: the session's threads always.
+    adaptive_threads: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

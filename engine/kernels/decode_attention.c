@@ -1213,10 +1213,10 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   OrtStatus* status;
   if (row_tasks) {
     const int64_t blocks = (R + block - 1) / block;
-    status = API(KernelContext_ParallelFor)(context, attend_rows, (size_t)(blocks * KVH), 0, &step);
+    status = engine_parallel(context, attend_rows, (size_t)(blocks * KVH), &step, 0);
     if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
   } else {
-    status = API(KernelContext_ParallelFor)(context, attend_chunk, (size_t)(R * KVH * chunks), 0, &step);
+    status = engine_parallel(context, attend_chunk, (size_t)(R * KVH * chunks), &step, R <= 8);
     if (status == NULL && step.failed) status = API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
     if (status == NULL)
       for (int64_t r = 0; r < R; ++r)
@@ -1231,6 +1231,44 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
 
 const OrtFn* g_api;
 static OrtCustomOpDomain* g_domain;
+
+/* ---- how many threads the kernels' loops use ---------------------------------------- */
+
+/* 0: the session's (ParallelFor); n >= 1: at most n (EngineKernelsSetThreads). */
+static volatile int g_thread_cap;
+
+typedef struct Parts {
+  void (*fn)(void*, size_t);
+  void* data;
+  size_t total, parts;
+} Parts;
+
+/* Part i of `parts`: tasks [i * total / parts, (i + 1) * total / parts), in order. */
+static void run_part(void* p, size_t i) {
+  const Parts* parts = (const Parts*)p;
+  const size_t from = i * parts->total / parts->parts, to = (i + 1) * parts->total / parts->parts;
+  for (size_t task = from; task < to; ++task) parts->fn(parts->data, task);
+}
+
+OrtStatus* engine_parallel(const OrtKernelContext* context, void (*fn)(void*, size_t), size_t total, void* data,
+                           int brief) {
+  const int cap = brief ? g_thread_cap : 0;
+  if (cap <= 0 || total <= 1) return API(KernelContext_ParallelFor)(context, fn, total, 0, data);
+  if (cap == 1) {
+    for (size_t task = 0; task < total; ++task) fn(data, task);
+    return NULL;
+  }
+  /* at most `cap` tasks at a time: `cap` parts of consecutive tasks */
+  Parts parts = {fn, data, total, (size_t)cap < total ? (size_t)cap : total};
+  return API(KernelContext_ParallelFor)(context, run_part, parts.parts, 0, &parts);
+}
+
+/* For the engine (ctypes): cap the threads the kernels' loops use at n (0: the session's
+   own, the default). Takes effect at the next operator run; every result stays the same. */
+ENGINE_EXPORT void EngineKernelsSetThreads(int n) { g_thread_cap = n > 0 ? n : 0; }
+
+/* The cap EngineKernelsSetThreads set (0: none). */
+ENGINE_EXPORT int EngineKernelsThreads(void) { return g_thread_cap; }
 
 /* Which dot products the kernel runs on this CPU, and why: what RegisterCustomOps picks. */
 static const char* choose_paths(void) {

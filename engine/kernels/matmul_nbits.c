@@ -797,7 +797,7 @@ static OrtStatus* ORT_CALL mm_compute(void* p, OrtKernelContext* context) {
     return API(CreateStatus)(ORT_FAIL, "MatMulNBits (engine.kernels): out of memory");
   }
   Job job = {m, &r, inputs[5] != NULL ? (const float*)bias.data : NULL, y};
-  OrtStatus* status = API(KernelContext_ParallelFor)(context, run_group, (size_t)m->groups, 0, &job);
+  OrtStatus* status = engine_parallel(context, run_group, (size_t)m->groups, &job, M <= 8);
   free(buffer);
   free(sums);
   return status;

@@ -188,6 +188,16 @@ typedef struct CustomOp {
   OrtStatus*(ORT_CALL* KernelComputeV2)(void*, OrtKernelContext*);
 } CustomOp;
 
+/* The engine kernels' loops over tasks (decode_attention.c): ONNX Runtime's ParallelFor
+   on the session's threads, or, for a short operator (`brief`: a decode step's, a few
+   microseconds of work per task) where the engine has capped the threads (a busy machine:
+   EngineKernelsSetThreads), on at most that many: 1 runs every task on the calling thread,
+   so no step waits on a thread the OS has put aside for another program. Long operators
+   (a prefill's) keep every thread: their tasks outlast a time slice. A task's result never
+   depends on which thread runs it or with which others. */
+OrtStatus* engine_parallel(const OrtKernelContext* context, void (*fn)(void*, size_t), size_t total, void* data,
+                           int brief);
+
 /* matmul_nbits.c: MatMulNBits, added to the engine's domain by RegisterCustomOps, and the
    vector code it runs on this CPU ("avx512-vnni" or "portable: <why>"). */
 OrtStatus* engine_matmul_register(OrtCustomOpDomain* domain);

@@ -78,10 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "under 8N tokens, at least 64) found at other positions of a new "
                           "prompt by shifting their KV (0 = off: recompute them)")
     add_kv_dtype(eng)
+    add_fixed_threads(eng)
     eng.add_argument("--kv-store-dir", type=Path,
                      help="where prompt KV is kept across restarts (default: the user cache)")
     eng.add_argument("--no-kv-store", action="store_true",
                      help="keep no prompt KV across requests on disk")
+
+
+def add_fixed_threads(parser: argparse._ActionsContainer) -> None:
+    """`--fixed-threads`, for `generate` and `serve` (EngineConfig.adaptive_threads)."""
+    parser.add_argument("--fixed-threads", action="store_true",
+                        help="keep every thread on the engine's kernels even while other "
+                             "programs keep cores busy (default: fewer threads then, so no "
+                             "step waits on a thread the OS has set aside)")
 
 
 def add_kv_dtype(parser: argparse._ActionsContainer) -> None:
