@@ -107,11 +107,8 @@ class Engine:
         self.placement_reason: str | None = None
         #: What its GroupQueryAttention nodes run (engine.kernels); None unless `load` made it.
         self.kernel_use: KernelUse | None = None
-        #: The huge-page collapse after a load (None: not asked, or not the CPU).
-        self._huge_pages: BackgroundAdvice | None = None
-        #: Watches what other programs leave of the CPU and caps the kernels' threads
-        #: (None: off, not the CPU, or the engine's kernels do not run).
-        self.cpu_share: cpu_share.CpuShare | None = None
+        self._huge_pages: BackgroundAdvice | None = None  # the collapse after a load, CPU
+        self.cpu_share: cpu_share.CpuShare | None = None  # the kernels' threads, busy CPU
         self._new_runner = runner_factory(
             session, spec, self.context_length, config.max_batch,
             device_options(config.device_kv, session_info.provider, spec.decode_path,
@@ -162,12 +159,8 @@ class Engine:
             engine.draft_runner = load_draft_runner(config.draft_model, engine, placement.provider)
         if config.huge_pages and engine.provider == "cpu":
             engine._huge_pages = BackgroundAdvice()
-        use = engine.kernel_use
-        if config.adaptive_threads and engine.provider == "cpu" and use is not None \
-                and use.status.ready and use.status.library is not None \
-                and (use.moved or use.matmul_moved):
-            engine.cpu_share = cpu_share.shared(engine.session_info.threads,
-                                                Path(use.status.library))
+        engine.cpu_share = cpu_share.for_engine(config, engine.provider, engine.kernel_use,
+                                                engine.session_info.threads)
         return engine
 
     @property
@@ -447,7 +440,6 @@ class Engine:
                 else self.kernel_use.as_dict(),
                 # reuse by shifting (engine.kv.shift): on, and how the keys are rotated
                 "kv_shift": {**self.kv_shift.as_dict(), "min_run": self.config.cache_reuse},
-                # the kernels' threads beside other busy programs (engine.runtime.cpu_share)
                 "cpu_share": None if self.cpu_share is None else self.cpu_share.as_dict()}
 
 

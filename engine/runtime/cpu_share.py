@@ -27,6 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.kernels import KernelUse
 
 #: Seconds between two looks at the CPU.
 INTERVAL_S = 0.5
@@ -180,3 +185,13 @@ def shared(threads: int, library: Path) -> CpuShare | None:
         else:
             _SHARED.threads = max(_SHARED.threads, threads)
         return _SHARED
+
+
+def for_engine(config: EngineConfig, provider: str, use: KernelUse | None,
+               threads: int) -> CpuShare | None:
+    """The watcher for an engine whose kernels run on the CPU, where its config asks for
+    one (EngineConfig.adaptive_threads); None otherwise."""
+    if not config.adaptive_threads or provider != "cpu" or use is None or not use.status.ready \
+            or use.status.library is None or not (use.moved or use.matmul_moved):
+        return None
+    return shared(threads, Path(use.status.library))
