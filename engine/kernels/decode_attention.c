@@ -160,6 +160,8 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
 /* ---- the decode step ------------------------------------------------------------ */
 
 #define CHUNK 256   /* positions per task */
+/* Most query vectors one call of attend takes (its maxima and sums on the stack). */
+#define MAX_VECTORS 256
 #define MAX_HEAD 256
 
 typedef struct Step {
@@ -173,7 +175,13 @@ typedef struct Step {
   float* out;              /* row tasks: [rows, heads, head_size] */
   volatile int failed;     /* a row task could not get its scratch memory */
   int f16;                 /* keys and values are float16 (uint16_t bits) */
+  int64_t window;          /* local_window_size: a row attends its last `window` positions (<= 0: all) */
 } Step;
+
+/* The first position row r attends to: a sliding window's start, as ONNX Runtime's kernel
+   has it (the row's own position and the window - 1 before it); 0 without one. */
+#define ROW_FIRST(s, r) \
+  ((s)->window > 0 && (int64_t)(s)->totals[r] > (s)->window ? (int64_t)(s)->totals[r] - (s)->window : 0)
 
 /* exp(x) for x <= 0 to about 2 ulp, written so the compiler vectorises a loop around it
    (no floorf: n is rounded with the 1.5 * 2^23 trick; 2^n is built from its bits). */
@@ -548,6 +556,100 @@ __attribute__((target("avx512f"), noinline)) static void dots_t16(const float* c
     }
   }
 }
+
+/* The same for AVX2 (dots_avx2's sums: eight lanes, each summed over the dimensions l,
+   l + 8, ... in order, then sum4_ymm's tree: lanes (0 + 1) + (2 + 3), (4 + 5) + (6 + 7),
+   then the two). Keys eight to a register, the tile transposed by transpose_tile_avx2. */
+__attribute__((target("avx2,fma"))) static inline void transpose8(__m256* r) {
+  __m256 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    a[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+    b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xEE);
+    b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+    b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+  }
+  /* b[4k + c] holds, in 128-bit lane L, elements 4L + c of rows 4k..4k+3 */
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
+  }
+}
+
+/* transpose_tile with AVX2 (and F16C for a float16 cache): up to 64 keys, zero past m up
+   to the 16 or 64 keys dots_t8 reads. */
+__attribute__((target("avx2,fma,f16c"))) static void transpose_tile_avx2(const void* src, int f16, int64_t m,
+                                                                        int64_t D, float* Kt) {
+  __m256 r[8];
+  const int64_t padded = m > 16 ? TILE : 16;
+  for (int64_t k0 = 0; k0 < padded; k0 += 8)
+    for (int64_t d0 = 0; d0 < D; d0 += 8) {
+      for (int64_t i = 0; i < 8; ++i) {
+        if (k0 + i >= m)
+          r[i] = _mm256_setzero_ps();
+        else if (f16)
+          r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)src + (k0 + i) * D + d0)));
+        else
+          r[i] = _mm256_loadu_ps((const float*)src + (k0 + i) * D + d0);
+      }
+      transpose8(r);
+      for (int64_t i = 0; i < 8; ++i) _mm256_storeu_ps(Kt + (d0 + i) * TILE + k0, r[i]);
+    }
+}
+
+/* scores[x][8 y + i] = q_x . key 8 y + i of the transposed tile, y < NG groups of eight:
+   four queries by NG groups at a time, the lanes' sums in order 0..7, each odd lane added
+   to the one before, each pair's sum to the pending pair, the quads at the end. */
+__attribute__((target("avx2,fma"))) static ALWAYS_INLINE void dots_t8_d(const float* const* q, float* const* scores,
+                                                                      int64_t nq, const float* Kt, const int NG,
+                                                                      const int64_t D) {
+  __m256 slots[3][8]; /* pending: lane, pair, quad; [query * NG + group] */
+  for (int64_t x = 0; x < nq; x += 4) {
+    const float* qx[4];
+    for (int i = 0; i < 4; ++i) qx[i] = q[x + i < nq ? x + i : nq - 1];
+    _Pragma("GCC unroll 1") for (int l = 0; l < 8; ++l) {
+      __m256 acc[8];
+      for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm256_setzero_ps();
+      _Pragma("GCC unroll 16") for (int64_t j = 0; j < D / 8; ++j) {
+        const int64_t d = 8 * j + l;
+        __m256 k[2];
+        for (int g = 0; g < NG; ++g) k[g] = _mm256_loadu_ps(Kt + d * TILE + 8 * g);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 b = _mm256_set1_ps(qx[i][d]);
+          for (int g = 0; g < NG; ++g) acc[i * NG + g] = _mm256_fmadd_ps(b, k[g], acc[i * NG + g]);
+        }
+      }
+      int level = 0;
+      for (; level < 3 && (l >> level) & 1; ++level)
+        for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm256_add_ps(acc[i], slots[level][i]);
+      if (level < 3) {
+        for (int i = 0; i < 4 * NG; ++i) slots[level][i] = acc[i];
+        continue;
+      }
+      for (int i = 0; i < 4 && x + i < nq; ++i)
+        for (int g = 0; g < NG; ++g) _mm256_storeu_ps(scores[x + i] + 8 * g, acc[i * NG + g]);
+    }
+  }
+}
+
+/* dots_t8_d over `groups` groups of eight keys, two at a time (the tile's unused keys
+   zero), with the common head sizes constant. */
+__attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* const* q, float* const* scores,
+                                                                 int64_t nq, const float* Kt, int64_t groups,
+                                                                 int64_t D) {
+  for (int64_t y = 0; y < groups; y += 2) {
+    float* at[MAX_VECTORS];
+    for (int64_t x = 0; x < nq; ++x) at[x] = scores[x] + 8 * y;
+    switch (D) {
+      case 64: dots_t8_d(q, at, nq, Kt + 8 * y, 2, 64); break;
+      case 128: dots_t8_d(q, at, nq, Kt + 8 * y, 2, 128); break;
+      default: dots_t8_d(q, at, nq, Kt + 8 * y, 2, D); break;
+    }
+  }
+}
 #endif
 
 /* The largest of x[0..n-1] (n > 0). The order it is found in changes nothing that follows:
@@ -567,8 +669,6 @@ static ALWAYS_INLINE float largest(const float* x, int64_t n) {
   return m;
 }
 
-/* Most query vectors one call of attend takes (its maxima and sums on the stack). */
-#define MAX_VECTORS 256
 #define ROW_N_OUT(s, r, t0) ((int64_t)(s)->totals[r] - (t0))
 
 
@@ -699,6 +799,18 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   float* scores = scratch;                   /* [rows * G][CHUNK] */
   float* accs = scratch + rows * G * CHUNK;  /* [rows * G][D] */
   float* tile = accs + rows * G * D;         /* f16: [TILE][D], one tile as floats */
+  int seen = 0; /* a row of the block attends to a position of this chunk */
+  for (int64_t r = r0; r < r1 && !seen; ++r) seen = ROW_FIRST(s, r) < t0 + CHUNK && s->totals[r] > t0;
+  if (!seen) { /* every row's partial empty: before its window or past its end */
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < G; ++j) {
+        float* o = out + (r - r0) * row_stride + j * head_stride;
+        memset(o, 0, (size_t)D * sizeof(float));
+        o[D] = -INFINITY;
+        o[D + 1] = 0.0f;
+      }
+    return;
+  }
   int64_t longest = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = (int64_t)s->totals[r] - t0;
@@ -747,6 +859,24 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         dots_t16(qv, sv, nq, tile, (mt + 15) / 16, D);
         continue;
       }
+      if (g_isa == 1 && D % 8 == 0 && (!f16 || g_half >= 1) && (rb - ra) * G >= TRANSPOSED_FROM) {
+        const int64_t mt = reach < TILE ? reach : TILE;
+        const void* src = f16 ? (const void*)KV16_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
+        transpose_tile_avx2(src, f16, mt, D, tile);
+        converted = -1;
+        const float* qv[MAX_VECTORS];
+        float* sv[MAX_VECTORS];
+        int64_t nq = 0;
+        for (int64_t r = ra; r < rb; ++r) {
+          if (ROW_N(r) <= ts) continue;
+          for (int64_t j = 0; j < G; ++j, ++nq) {
+            qv[nq] = s->q + (r * s->heads + g * G + j) * D;
+            sv[nq] = scores + ((r - r0) * G + j) * CHUNK + ts;
+          }
+        }
+        dots_t8(qv, sv, nq, tile, mt > 16 ? 8 : 2, D);
+        continue;
+      }
 #endif
       for (int64_t r = ra; r < rb; ++r) {
         const int64_t n = ROW_N(r);
@@ -770,14 +900,17 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   float sums[MAX_VECTORS], tops[MAX_VECTORS];
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = ROW_N(r);
+    /* a sliding window: the positions before its start weigh exactly 0 */
+    const int64_t first = ROW_FIRST(s, r) > t0 ? ROW_FIRST(s, r) - t0 : 0;
     for (int64_t j = 0; j < G; ++j) {
       float* sc = scores + ((r - r0) * G + j) * CHUNK;
       float* acc = accs + ((r - r0) * G + j) * D;
       for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-      if (n <= 0) continue;
-      const float m = largest(sc, n);
+      if (n <= first) continue;
+      const float m = largest(sc + first, n - first);
       int64_t t;
-      for (t = 0; t < n; ++t) sc[t] = exp_neg(sc[t] - m);
+      for (t = 0; t < first; ++t) sc[t] = 0.0f;
+      for (t = first; t < n; ++t) sc[t] = exp_neg(sc[t] - m);
       float lanes[16] = {0};
       for (t = 0; t + 16 <= n; t += 16)
         for (int l = 0; l < 16; ++l) lanes[l] += sc[t + l];
@@ -842,13 +975,14 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 #undef BATCH_END
 #undef CONVERT_TILE
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = ROW_N_OUT(s, r, t0);
+    const int64_t n = ROW_N_OUT(s, r, t0), first = ROW_FIRST(s, r) - t0;
     for (int64_t j = 0; j < G; ++j) {
       float* o = out + (r - r0) * row_stride + j * head_stride;
       const int64_t v = (r - r0) * G + j;
       memcpy(o, accs + v * D, (size_t)D * sizeof(float));
-      o[D] = n > 0 ? tops[v] : -INFINITY; /* an empty partial: no position of this chunk */
-      o[D + 1] = n > 0 ? sums[v] : 0.0f;
+      const int empty = n <= 0 || first >= (n < CHUNK ? n : CHUNK); /* no position of this chunk */
+      o[D] = empty ? -INFINITY : tops[v];
+      o[D + 1] = empty ? 0.0f : sums[v];
     }
   }
 }
@@ -992,7 +1126,12 @@ static int64_t read_scalar(const OrtValue* value) {
 /* ONNX Runtime's own kernel, given outputs of the shapes it computes (InvokeOp wants them
    allocated): output [batch, sequence, heads * head_size] and the present caches
    [batch, kv_heads, max(total length, past buffer), head_size]. */
+/* Runs handed to ONNX Runtime's kernel (EngineKernelsFallbacks): shapes or attributes this
+   code does not cover. */
+static volatile long g_fallbacks;
+
 static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
+  __atomic_add_fetch(&g_fallbacks, 1, __ATOMIC_RELAXED);
   Tensor query, past;
   TRY(describe(inputs[0], &query));
   if (query.rank != 3) return fail("GroupQueryAttention: query must be [batch, sequence, hidden]");
@@ -1018,6 +1157,7 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
    attention reads the new keys and values before their rounding here; the engine's own
    runs never come this way.) */
 static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
+  __atomic_add_fetch(&g_fallbacks, 1, __ATOMIC_RELAXED);
   Tensor query, past[2] = {{0}, {0}};
   TRY(describe(inputs[0], &query));
   if (query.rank != 3) return fail("GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
@@ -1094,7 +1234,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   Tensor query, past_key, past_value, seqlens;
   const int cache_elem = k->f16 ? ELEM_FLOAT16 : ELEM_FLOAT;
   int fast = inputs[0] != NULL && inputs[3] != NULL && inputs[4] != NULL && inputs[5] != NULL &&
-             k->softcap == 0.0f && k->local_window_size <= 0 && k->smooth_softmax == 0 &&
+             k->softcap == 0.0f && k->smooth_softmax == 0 &&
              k->num_heads > 0;
   if (k->do_rotary) fast = fast && n_inputs > 8 && inputs[7] != NULL && inputs[8] != NULL;
   if (fast) {
@@ -1209,7 +1349,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       memcpy((float*)present_v + at, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->f16};
+  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->f16,
+               k->local_window_size};
   OrtStatus* status;
   if (row_tasks) {
     const int64_t blocks = (R + block - 1) / block;
@@ -1266,6 +1407,9 @@ OrtStatus* engine_parallel(const OrtKernelContext* context, void (*fn)(void*, si
 /* For the engine (ctypes): cap the threads the kernels' loops use at n (0: the session's
    own, the default). Takes effect at the next operator run; every result stays the same. */
 ENGINE_EXPORT void EngineKernelsSetThreads(int n) { g_thread_cap = n > 0 ? n : 0; }
+
+/* How many runs of the attention operators went to ONNX Runtime's kernel so far. */
+ENGINE_EXPORT long EngineKernelsFallbacks(void) { return __atomic_load_n(&g_fallbacks, __ATOMIC_RELAXED); }
 
 /* The cap EngineKernelsSetThreads set (0: none). */
 ENGINE_EXPORT int EngineKernelsThreads(void) { return g_thread_cap; }

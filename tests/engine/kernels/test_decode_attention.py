@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(kernels.library() is None,
 
 
 def _model(domain: str, heads: int, kv_heads: int, head: int, *, packed: bool, rotary: bool,
-           interleaved: bool, scale: float) -> bytes:
+           interleaved: bool, scale: float, window: int = -1) -> bytes:
     width = (heads + 2 * kv_heads) * head if packed else heads * head
     names = ["query", "" if packed else "key", "" if packed else "value", "past_key",
              "past_value", "seqlens_k", "total_sequence_length"]
@@ -48,7 +48,7 @@ def _model(domain: str, heads: int, kv_heads: int, head: int, *, packed: bool, r
     node = helper.make_node(
         "GroupQueryAttention", names, ["output", "present_key", "present_value"], domain=domain,
         num_heads=heads, kv_num_heads=kv_heads, scale=scale, do_rotary=int(rotary),
-        rotary_interleaved=int(interleaved))
+        rotary_interleaved=int(interleaved), local_window_size=window)
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["b", "s", heads * head])]
     outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", kv_heads, "t", head])
                 for n in ("present_key", "present_value")]
@@ -116,13 +116,13 @@ def _feeds(rng: np.random.Generator, heads: int, kv_heads: int, head: int, lengt
 
 
 def _compare(case: dict, lengths: list[int], new: int, *, shared: bool = True,
-             capacity: int = 1100) -> None:
+             capacity: int = 1100, window: int = -1) -> None:
     heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
     args = dict(packed=case["packed"], rotary=case["rotary"])
     feeds = _feeds(np.random.default_rng(len(lengths) + new), heads, kv_heads, head, lengths,
                    new, capacity, **args)
     shape = dict(heads=heads, kv_heads=kv_heads, head=head, interleaved=case["interleaved"],
-                 scale=case["scale"], **args)
+                 scale=case["scale"], window=window, **args)
     ours = _run(_session(_model(KERNEL_DOMAIN, **shape)), feeds, shared=shared)
     theirs = _run(_session(_model("com.microsoft", **shape)), feeds, shared=shared)
     np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=2e-5)
@@ -158,7 +158,7 @@ def test_a_prefill_chunk_matches_onnx_runtime(case):
     _compare(case, [700], new=70)  # many rows: a task per row and KV head
 
 
-def _pieces(case: dict, sizes: list[int], past: int = 0, threads: int = 2
+def _pieces(case: dict, sizes: list[int], past: int = 0, threads: int = 2, window: int = -1
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One row's prompt of sum(sizes) new tokens after `past` cached ones, run through the
     engine's kernel in calls of `sizes` tokens each (the cache carried between calls, as
@@ -170,7 +170,8 @@ def _pieces(case: dict, sizes: list[int], past: int = 0, threads: int = 2
     whole = _feeds(np.random.default_rng(7), heads, kv_heads, head, [past], total, 1100,
                    **args)
     session = _session(_model(KERNEL_DOMAIN, heads=heads, kv_heads=kv_heads, head=head,
-                              interleaved=case["interleaved"], scale=case["scale"], **args),
+                              interleaved=case["interleaved"], scale=case["scale"],
+                              window=window, **args),
                        threads)
     caches = {n: whole[n] for n in ("past_key", "past_value")}
     outputs, done = [], 0
@@ -230,3 +231,38 @@ def test_the_other_paths_match_too(tmp_path, paths):
         timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "9 passed" in done.stdout
+
+
+def _fallbacks() -> int:
+    """Runs the kernels' library has handed to ONNX Runtime's kernel so far (this process)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(kernels.library()))
+    lib.EngineKernelsFallbacks.restype = ctypes.c_long
+    return int(lib.EngineKernelsFallbacks())
+
+
+@pytest.mark.parametrize("window", [1, 100, 256, 300])
+def test_a_sliding_window_matches_onnx_runtime_in_the_engines_own_code(window):
+    """local_window_size (Gemma, Mistral and GGUF imports that declare a sliding window): a
+    row attends its last `window` positions, itself included, as ONNX Runtime's kernel does
+    (measured: not window + 1); decode steps
+    of rows shorter and longer than the window, across chunk boundaries, and prefill chunks
+    far into a cache, all in the engine's code (none handed to ONNX Runtime)."""
+    case = CASES["smollm2 (9 heads over 3, 64, packed, rotary)"]
+    before = _fallbacks()
+    _compare(case, [1, 50, 257, 700, 1000], 1, window=window)       # decode steps
+    _compare(case, [600], 300, window=window)                        # a prefill chunk
+    _compare(case, [0], 200, window=window)                          # a first prompt
+    assert _fallbacks() == before
+
+
+def test_a_token_gets_the_same_bits_alone_or_among_others_in_a_sliding_window():
+    """A window of 100 over a past of 290: the prompt whole, in chunks of 7, one token at
+    a time, on one thread: every output bit for bit the same."""
+    case = CASES["smollm2 (9 heads over 3, 64, packed, rotary)"]
+    want = _pieces(case, [300], past=290, window=100)
+    for sizes, threads in (([7] * 42 + [6], 2), ([1] * 300, 2), ([300], 1)):
+        got = _pieces(case, sizes, past=290, threads=threads, window=100)
+        for mine, theirs in zip(got, want, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
