@@ -1,5 +1,7 @@
 """The governor inside the engine: refusals with numbers, live limit changes."""
 
+import gc
+
 import psutil
 import pytest
 
@@ -16,6 +18,14 @@ def wide_kv_model(tmp_path_factory):
     # 4 layers x 8 KV heads x 64 dims x f32: 16 KiB of KV per token
     spec = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context=2048)
     return write_genai_model(tmp_path_factory.mktemp("wide"), spec)
+
+
+def _settled_rss() -> int:
+    """This process's resident set once earlier tests' garbage (their engines' KV buffers)
+    is freed: freed later, between this reading and the request, it would add its megabytes
+    to the room a limit set from the reading leaves."""
+    gc.collect()
+    return psutil.Process().memory_info().rss
 
 
 def _req(n, prompt=(5, 6, 7, 8)):
@@ -40,7 +50,7 @@ def test_bad_limit_text_lists_the_accepted_forms():
 def test_request_needing_more_kv_than_the_limit_is_refused_others_run(wide_kv_model):
     engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1))
     engine.generate(_req(2))
-    rss = psutil.Process().memory_info().rss
+    rss = _settled_rss()
     engine.set_limit("host_ram", f"{(rss + 12 * MIB) // MIB}MiB")
     with pytest.raises(ResourceLimitError) as err:  # ~2,000 tokens x 16 KiB = 32 MiB
         engine.generate(_req(1900))
@@ -95,7 +105,7 @@ def test_a_request_without_room_waits_for_running_ones_then_is_refused(wide_kv_m
     big: list = []
     scheduler.submit(_req(40), small.append)
     scheduler.step()  # the small request runs and holds its KV
-    rss = psutil.Process().memory_info().rss
+    rss = _settled_rss()
     engine.set_limit("host_ram", f"{rss // MIB + 1}MiB")
     scheduler.submit(_req(1900, prompt=(9, 10, 11)), big.append)  # ~30 MiB of KV: no room
     scheduler.step()
@@ -110,7 +120,7 @@ def test_a_request_without_room_waits_for_running_ones_then_is_refused(wide_kv_m
 def test_no_new_batch_row_without_room(wide_kv_model):
     engine = Engine.load(wide_kv_model, EngineConfig(intra_op_threads=1, max_batch=4))
     engine.generate(_req(600))  # the bank holds 640 tokens x 16 KiB = 10 MiB per row
-    rss = psutil.Process().memory_info().rss
+    rss = _settled_rss()
     engine.set_limit("host_ram", f"{rss // MIB + 2}MiB")
     assert engine.add_runner() is None  # a second 10 MiB row does not fit in ~2 MiB
     engine.set_limit("host_ram", "auto")
