@@ -762,8 +762,9 @@ __attribute__((target("avx512f"))) static ALWAYS_INLINE void weigh_n(const float
     for (int j = 0; j < z; ++j) _mm512_storeu_ps(acc_out[e] + 16 * j, a[e * z + j]);
 }
 
-/* How many query vectors weigh_zmm takes for head size D (0: it does not, weigh4 does). */
-#define WEIGH_ZMM(D) (g_isa == 2 ? ((D) == 64 ? 6 : (D) == 128 ? 3 : 0) : g_isa == 1 && (D) % 32 == 0 ? 2 : 0)
+/* How many query vectors the explicit weighted sums take a pass for head size D: weigh_zmm
+   (AVX-512), weigh_ymm (AVX2); 0: neither does, weigh4 does. */
+#define WEIGH_WIDE(D) (g_isa == 2 ? ((D) == 64 ? 6 : (D) == 128 ? 3 : 0) : g_isa == 1 && (D) % 32 == 0 ? 2 : 0)
 
 __attribute__((target("avx512f"), noinline)) static void weigh_zmm(const float* const* p, const float* V, int64_t to,
                                                                   float* const* acc_out, int64_t D) {
@@ -773,7 +774,7 @@ __attribute__((target("avx512f"), noinline)) static void weigh_zmm(const float* 
     weigh_n(p, V, to, acc_out, 128, 3);
 }
 #else
-#define WEIGH_ZMM(D) 0
+#define WEIGH_WIDE(D) 0
 #endif
 
 #ifdef HAVE_X86_PATHS
@@ -904,8 +905,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   } while (0)
   /* The scores, tile by tile: the tile's keys are read once for the block. Where many
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
-     the keys' dot products computed sixteen keys to a register (dots_t16): the same bits
-     as `dots`, without its per-key reductions. */
+     the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
+     dots_t8): the same bits as `dots`, without its per-key reductions. */
   for (int64_t ts = 0; ts < longest; ts += TILE) {
     int64_t converted = -1; /* f16: the batch row whose tile ts is in `tile` */
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
@@ -913,10 +914,14 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       const int64_t reach = ROW_N(rb - 1) - ts; /* the segment's last row reads furthest */
       if (reach <= 0) continue;
 #ifdef HAVE_X86_PATHS
-      if (g_isa == 2 && D % 16 == 0 && (rb - ra) * G >= TRANSPOSED_FROM) {
+      const int wide = g_isa == 2 && D % 16 == 0, narrow = g_isa == 1 && D % 8 == 0 && (!f16 || g_half >= 1);
+      if ((wide || narrow) && (rb - ra) * G >= TRANSPOSED_FROM) {
         const int64_t mt = reach < TILE ? reach : TILE;
         const void* src = f16 ? (const void*)KV16_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
-        transpose_tile(src, f16, mt, D, tile);
+        if (wide)
+          transpose_tile(src, f16, mt, D, tile);
+        else
+          transpose_tile_avx2(src, f16, mt, D, tile);
         converted = -1;
         const float* qv[MAX_VECTORS];
         float* sv[MAX_VECTORS];
@@ -928,25 +933,10 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
             sv[nq] = scores + ((r - r0) * G + j) * CHUNK + ts;
           }
         }
-        dots_t16(qv, sv, nq, tile, (mt + 15) / 16, D);
-        continue;
-      }
-      if (g_isa == 1 && D % 8 == 0 && (!f16 || g_half >= 1) && (rb - ra) * G >= TRANSPOSED_FROM) {
-        const int64_t mt = reach < TILE ? reach : TILE;
-        const void* src = f16 ? (const void*)KV16_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
-        transpose_tile_avx2(src, f16, mt, D, tile);
-        converted = -1;
-        const float* qv[MAX_VECTORS];
-        float* sv[MAX_VECTORS];
-        int64_t nq = 0;
-        for (int64_t r = ra; r < rb; ++r) {
-          if (ROW_N(r) <= ts) continue;
-          for (int64_t j = 0; j < G; ++j, ++nq) {
-            qv[nq] = s->q + (r * s->heads + g * G + j) * D;
-            sv[nq] = scores + ((r - r0) * G + j) * CHUNK + ts;
-          }
-        }
-        dots_t8(qv, sv, nq, tile, mt > 16 ? 8 : 2, D);
+        if (wide)
+          dots_t16(qv, sv, nq, tile, (mt + 15) / 16, D);
+        else
+          dots_t8(qv, sv, nq, tile, mt > 16 ? 8 : 2, D);
         continue;
       }
 #endif
@@ -1018,8 +1008,9 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         vm[nv] = n - ts < TILE ? n - ts : TILE;
       }
     }
-    /* AVX-512 with a head of 64 or 128: six or three query vectors a pass (weigh_zmm) */
-    const int64_t w = WEIGH_ZMM(D);
+    /* AVX-512 with a head of 64 or 128: six or three query vectors a pass (weigh_zmm);
+       AVX2 with a head a multiple of 32: two (weigh_ymm) */
+    const int64_t w = WEIGH_WIDE(D);
     const int64_t at_once = w ? w : 4;
     int64_t i = 0;
     for (; i + at_once <= nv; i += at_once) {
