@@ -17,10 +17,7 @@ from typing import Any
 
 from engine.api import GenerateEvent, GenerateRequest, GenerateResult, Timings
 from engine.config import EngineConfig, GenerateOptions
-from engine.errors import (
-    ContextOverflowError,
-    InvalidPromptError,
-)
+from engine.errors import ContextOverflowError, InvalidPromptError
 from engine.generation.fim_plain import FimLines, stop_flag, trim_events, trimmer_for
 from engine.generation.mtp import MtpHead
 from engine.generation.prompt import encode_request, fim_request, stop_ids
@@ -36,6 +33,7 @@ from engine.kv.reuse import KVReuse
 from engine.kv.sessions import Session, SessionStore
 from engine.kv.shift import make_shifter
 from engine.kv.tiers import KVTiers, model_identity
+from engine.kv.window import windowed
 from engine.loading import open_model
 from engine.memory.governor import GovernorSnapshot, LimitOutcome, make_governor
 from engine.model.io_spec import IOSpec
@@ -51,9 +49,7 @@ from engine.runtime.decode import runner_factory
 from engine.runtime.decode_gqa import SharedBufferRunner
 from engine.runtime.draft import load_draft_runner
 from engine.runtime.hugepages import BackgroundAdvice, HugePageReport
-from engine.runtime.providers import (
-    SessionInfo,
-)
+from engine.runtime.providers import SessionInfo
 from engine.runtime.runner import DecodeRunner
 from engine.scheduling.core import Preemptor
 from engine.scheduling.pressure import (
@@ -109,11 +105,11 @@ class Engine:
         self.kernel_use: KernelUse | None = None
         self._huge_pages: BackgroundAdvice | None = None  # the collapse after a load, CPU
         self.cpu_share: cpu_share.CpuShare | None = None  # the kernels' threads, busy CPU
-        self._new_runner = runner_factory(
-            session, spec, self.context_length, config.max_batch,
+        self._new_runner = windowed(model, spec, self.context_length, lambda rows: runner_factory(
+            session, spec, rows, config.max_batch,
             device_options(config.device_kv, session_info.provider, spec.decode_path,
                            graph_capture),
-            may_grow=lambda nbytes: self.governor.can_allocate(self.governor.kv_tier, nbytes))
+            may_grow=lambda nbytes: self.governor.can_allocate(self.governor.kv_tier, nbytes)))
         #: One runner per concurrently running sequence; runner 0 serves `stream`.
         self.runners: list[DecodeRunner] = [self._new_runner()]
         self.eos_token_ids = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
@@ -199,7 +195,7 @@ class Engine:
             return None
         first = self.runners[0]
         row_bytes = first.capacity * self.spec.kv_bytes_per_token \
-            if isinstance(first, SharedBufferRunner) else 0
+            if isinstance(first.kv_runner, SharedBufferRunner) else 0
         if not self.governor.can_allocate(self.governor.kv_tier, row_bytes):
             return None
         runner = self._new_runner()
@@ -227,7 +223,7 @@ class Engine:
         return stop_ids(self.tokenizer, request, self.eos_token_ids)
 
     def max_total(self, options: GenerateOptions) -> int:
-        return min(options.max_context or self.context_length, self.context_length)
+        return min(options.max_context or self.runner.context_length, self.runner.context_length)
 
     def request_total(self, prompt_len: int, options: GenerateOptions) -> int:
         """The tokens a request's KV may reach: its prompt and every token it may generate,
@@ -430,7 +426,8 @@ class Engine:
                 # the input asking for the last rows' logits only (engine.model.graph_passes)
                 "logits_to_keep": self.spec.logits_to_keep,
                 "kv": {"dtype": self.spec.kv_pairs[0].dtype if self.spec.kv_pairs else None,
-                       "bytes_per_token": self.spec.kv_bytes_per_token},
+                       "bytes_per_token": self.spec.kv_bytes_per_token,  # a window: its rows
+                       "window": w.as_dict() if (w := self.runner.window) else None},
                 **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe(),

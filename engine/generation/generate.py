@@ -167,7 +167,8 @@ class TokenSequence:
     def _speculate(self) -> list[StepOutput]:
         assert self.pending is not None and self.speculation is not None
         budget = min(self.options.max_new_tokens - self.generated, self._max_total - self._total,
-                     self.reserved - self._total + 1)  # guesses stay within the reservation
+                     self.reserved - self._total + 1,  # guesses stay within the reservation
+                     self.runner.room_ahead())  # and before a window's next drop
         k = min(self._k.k, budget - 1)
         if self._wait:  # auto mode, after failed guesses: plain steps for a while
             self._wait -= 1

@@ -89,8 +89,8 @@ class KVReuse:
         """The best shift plan over the runner's live KV and a session's set-aside KV, its
         runs copied (the prefix step may overwrite the runner's rows)."""
         shifter = self.shifter
-        if shifter is None or not runner.transfers_kv:
-            return None
+        if shifter is None or not runner.transfers_kv or runner.window is not None:
+            return None  # a window's rows past its sinks are not a fresh computation's
         min_run = shifter.min_run_for(len(prompt))
         if len(prompt) <= min_run:
             return None
@@ -116,7 +116,7 @@ class KVReuse:
         """Put the longest reusable prefix of `prompt` into `runner`; return its length."""
         size = self.pool.page_size
         limit = len(prompt) - 1  # at least one prompt token always runs
-        live = common_prefix_len(runner.tokens, prompt, limit)
+        live = runner.reachable(common_prefix_len(runner.tokens, prompt, limit))
         if self.prefix_cache is not None and live < len(runner.tokens) // 2:
             # The runner moves on to another sequence: keep the old one's pages findable.
             # (Continuing the same document keeps its KV live and copies nothing.)
@@ -144,7 +144,7 @@ class KVReuse:
 
     def save_session(self, runner: DecodeRunner, session: Session) -> None:
         """Append the rows a session's pages lack; index its full pages."""
-        held = runner.tokens
+        held = runner.tokens[:runner.exact_length]
         if not runner.transfers_kv or session.kv_len >= len(held):
             return
         try:
@@ -161,7 +161,7 @@ class KVReuse:
         """Copy the runner's full pages the prefix cache lacks into it (best effort)."""
         cache, size = self.prefix_cache, self.pool.page_size
         assert cache is not None
-        for index, h in enumerate(cache.chain(runner.tokens)):
+        for index, h in enumerate(cache.chain(runner.tokens[:runner.exact_length])):
             if cache.contains(h):
                 continue
             page = self.pool.alloc()
@@ -178,7 +178,7 @@ class KVReuse:
         if self.kv_tiers is None:
             return
         try:
-            self.kv_tiers.save_from(runner, runner.tokens)
+            self.kv_tiers.save_from(runner, runner.tokens[:runner.exact_length])
         except Exception:  # the store is best effort: never fail a finished request
             log.exception("storing KV chunks failed; later requests recompute them")
 

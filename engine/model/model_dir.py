@@ -28,12 +28,13 @@ METADATA_FILE = "inference_metadata.yaml"
 
 #: Metadata keys we accept but do not act on yet would silently change results:
 #: refuse them by name instead.
-_UNSUPPORTED_METADATA = ("recurrent_state_pairs", "sliding_window", "attention_sinks")
+_UNSUPPORTED_METADATA = ("recurrent_state_pairs",)
 #: `speculative` (a declared MTP / EAGLE-3 / shared-KV proposer) is validated at engine
-#: load by engine.spec_heads.
+#: load by engine.spec_heads; `sliding_window` / `attention_sinks` by engine.kv.window.
 _KNOWN_METADATA = {"inference_metadata_version", "model_file", "decode_path",
                    "max_sequence_length", "io", "kv_pairs", "eos_token_ids", "bos_token_id",
                    "head_size", "kv_num_heads", "memory_limits", "speculative",
+                   "sliding_window", "attention_sinks", "sink_tokens",
                    *_UNSUPPORTED_METADATA}
 
 

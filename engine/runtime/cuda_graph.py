@@ -154,6 +154,7 @@ def describe_device(capture: GraphCapture, runner: DecodeRunner) -> dict[str, ob
     from engine.runtime.decode_device import DeviceRunner
 
     info = capture.describe()
+    runner = runner.kv_runner  # a window's runner holds its KV in the one inside
     if isinstance(runner, DeviceRunner):
         if runner.capture_failure is not None:
             info = capture.failed(runner.capture_failure).describe()

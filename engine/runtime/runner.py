@@ -10,12 +10,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.errors import ContextOverflowError
 from engine.model.io_spec import IOSpec
+
+if TYPE_CHECKING:
+    from engine.kv.window import WindowSpec
 
 #: KV buffers grow in steps of this many tokens (never the whole context up front).
 GROW_STEP = 64
@@ -41,6 +44,8 @@ class DecodeRunner(ABC):
     """A model session plus its KV cache for one sequence."""
 
     path: str = ""
+    #: The sliding window this runner keeps (engine.kv.window); None: every token's KV.
+    window: WindowSpec | None = None
 
     def __init__(self, session: Any, spec: IOSpec, context_length: int) -> None:
         self.session = session
@@ -87,6 +92,26 @@ class DecodeRunner(ABC):
             binding.bind_output(self.hidden_output, "cpu", 0, np.float32, list(hidden.shape),
                                 hidden.ctypes.data)
             self.last_hidden = hidden[0]
+
+    @property
+    def kv_runner(self) -> DecodeRunner:
+        """The runner whose buffers hold the KV (itself; a window's inner runner)."""
+        return self
+
+    @property
+    def exact_length(self) -> int:
+        """Leading rows whose KV is what a fresh computation of `tokens` gives there: the
+        rows the prefix cache, sessions and the store may keep (all, but for a window)."""
+        return self.length
+
+    def reachable(self, length: int) -> int:
+        """The longest length up to `length` that `rewind` can go back to."""
+        return length
+
+    def room_ahead(self) -> int:
+        """Tokens one forward may take without going back past where it started
+        becoming impossible (a window drops its oldest tokens at fixed points)."""
+        return self.context_length - self.length
 
     @property
     def capacity(self) -> int:

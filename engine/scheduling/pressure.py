@@ -163,14 +163,15 @@ def fit_buffers(engine: EngineCore, scheduler: Preemptor | None) -> None:
     """Drop idle runners' live slots and fit shared KV buffers to what running requests
     reserved (so they never have to grow unchecked). Without a scheduler (a direct
     `Engine.stream`), only the unused tail of the buffers goes."""
-    banks = {id(r.bank): r.bank for r in engine.runners if isinstance(r, SharedBufferRunner)}
+    rows = [r.kv_runner for r in engine.runners]
+    banks = {id(r.bank): r.bank for r in rows if isinstance(r, SharedBufferRunner)}
     if scheduler is None:
         for bank in banks.values():
             bank.shrink()
         return
     reserved: dict[int, int] = {}
     for run in scheduler.running():
-        reserved[id(run.runner)] = max(run.sequence.reserved, run.runner.length)
+        reserved[id(run.runner.kv_runner)] = max(run.sequence.reserved, run.runner.length)
     for runner in engine.runners:
         if id(runner) not in reserved:
             runner.reset()

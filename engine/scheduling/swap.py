@@ -58,7 +58,9 @@ def park(engine: EngineCore, ticket: Ticket, release: Callable[[], None] | None)
     run = ticket.run
     assert run is not None
     runner = run.runner
-    rows = runner.export_kv(0, runner.length)
+    # a sliding window past its first drop: the sinks' rows; resuming recomputes the rest,
+    # which drops the same tokens again (engine.kv.window)
+    rows = runner.export_kv(0, runner.exact_length)
     ticket.extra["parked_tokens"] = list(runner.tokens)
     if release is not None:
         engine.reuse.store(runner)
@@ -90,10 +92,9 @@ def resume(engine: EngineCore, scheduler: Preemptor, ticket: Ticket, runner: Dec
     del ticket.extra["parked_tokens"]
     runner.reserve(total)
     at = 0
-    if ticket.parked is not None and tokens:
-        rows = read_rows(engine.pool, ticket.parked, 0, len(tokens))
-        runner.import_kv(rows, 0, tokens)
-        at = len(tokens)
+    if ticket.parked is not None and ticket.parked.length:
+        at = ticket.parked.length
+        runner.import_kv(read_rows(engine.pool, ticket.parked, 0, at), 0, tokens[:at])
     elif engine.kv_tiers is not None and tokens:
         keys = engine.kv_tiers.available(tokens, len(tokens))
         at = engine.kv_tiers.fetch_into(runner, tokens, keys, 0)

@@ -63,6 +63,8 @@ def kv_figures(engine: Engine, registry: SessionRegistry) -> dict[str, Any]:
         # runs attention on the CPU: engine.model.kv16_pass)
         "dtype": engine.spec.kv_pairs[0].dtype if engine.spec.kv_pairs else None,
         "bytes_per_token": engine.spec.kv_bytes_per_token,
+        # a declared sliding window (engine.kv.window): a sequence's KV stops at its rows
+        "window": None if engine.runner.window is None else engine.runner.window.as_dict(),
         "pool": {"pages": pool.allocated_pages, "max_pages": pool.max_pages,
                  "bytes": pool.nbytes},
         "prefix_cache": None if cache is None else {

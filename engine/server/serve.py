@@ -155,6 +155,10 @@ def log_startup(config: ServerConfig, ctx: Any, url: str, log_file: Any) -> None
                          current.id, facts.get("model"), facts.get("provider"),
                          facts.get("threads"), facts.get("context_length"),
                          facts.get("decode_path"))
+        window = current.engine.runner.window
+        if window is not None:
+            startup_log.info("window: %d recent tokens and %d sinks (%d KV rows); sequences "
+                             "run past the context", window.window, window.sinks, window.rows)
         use = current.engine.kernel_use
         if use is not None:
             startup_log.info("attention: %s", use.line())

@@ -120,8 +120,8 @@ def test_unknown_graph_input_is_refused_by_name(optimum_model_dir, tmp_path):
 def test_metadata_asking_for_unsupported_capabilities_is_refused(static_model_dir, tmp_path):
     folder = _copy(static_model_dir, tmp_path / "m")
     meta = folder / "inference_metadata.yaml"
-    meta.write_text(meta.read_text() + "sliding_window: 128\n")
-    with pytest.raises(UnsupportedModelError, match="sliding_window"):
+    meta.write_text(meta.read_text() + "recurrent_state_pairs: [{input: s0, output: s1}]\n")
+    with pytest.raises(UnsupportedModelError, match="recurrent_state_pairs"):
         load_model_dir(folder)
 
 
