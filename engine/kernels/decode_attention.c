@@ -836,6 +836,46 @@ __attribute__((target("avx2,fma"), noinline)) static void weigh_ymm(const float*
       for (int j = 0; j < 4; ++j) _mm256_storeu_ps(acc_out[e] + h + 8 * j, a[e * 4 + j]);
   }
 }
+
+/* exp_neg8's steps on sixteen lanes (AVX-512): the same operations in the same order. */
+__attribute__((target("avx512f"))) static inline __m512 exp_neg16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 big = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), big), big);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* x[t] = exp_neg(x[t] - m) for t < n, and their sum as attend adds them (sixteen lanes over
+   the whole blocks in order, sum16, then the rest one by one): one pass instead of two. */
+__attribute__((target("avx512f"))) static float exps_sum_avx512(float* x, int64_t n, float m) {
+  const __m512 mm = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(x + t), mm));
+    _mm512_storeu_ps(x + t, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  float lanes[16];
+  _mm512_storeu_ps(lanes, acc);
+  float sum = sum16(lanes);
+  if (t < n) {
+    const __mmask16 keep = (__mmask16)((1u << (n - t)) - 1u);
+    _mm512_mask_storeu_ps(x + t, keep, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, x + t), mm)));
+    for (; t < n; ++t) sum += x[t];
+  }
+  return sum;
+}
 #endif
 
 /* x[t] = exp_neg(x[t] - m) for t < n (its AVX2 lanes on that path: one code per path). */
@@ -970,6 +1010,13 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
       if (n <= first) continue;
       const float m = largest(sc + first, n - first);
+      tops[(r - r0) * G + j] = m;
+#ifdef HAVE_X86_PATHS
+      if (g_isa == 2 && first == 0) {
+        sums[(r - r0) * G + j] = exps_sum_avx512(sc, n, m);
+        continue;
+      }
+#endif
       int64_t t;
       for (t = 0; t < first; ++t) sc[t] = 0.0f;
       exps(sc + first, n - first, m);
@@ -978,7 +1025,6 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         for (int l = 0; l < 16; ++l) lanes[l] += sc[t + l];
       float sum = sum16(lanes);
       for (; t < n; ++t) sum += sc[t];
-      tops[(r - r0) * G + j] = m;
       sums[(r - r0) * G + j] = sum;
     }
   }

@@ -118,7 +118,7 @@ def test_the_engine_keeps_float16_kv_at_half_the_bytes_of_float32(genai_model_di
     assert {p.dtype for p in half.spec.kv_pairs} == {"float16"}
     assert {p.dtype for p in full.spec.kv_pairs} == {"float32"}
     assert 2 * half.spec.kv_bytes_per_token == full.spec.kv_bytes_per_token
-    assert half.describe()["kv"] == {"dtype": "float16",
+    assert half.describe()["kv"] == {"dtype": "float16", "window": None,
                                      "bytes_per_token": half.spec.kv_bytes_per_token}
     assert half.kernel_use is not None and half.kernel_use.kv_dtype == "float16"
     assert half.kernel_use.kv_line() == "KV cache float16"
