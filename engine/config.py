@@ -17,7 +17,7 @@ StopSequence = str | tuple[int, ...]
 
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
 #: `EngineConfig.kv_dtype`'s values.
-KV_DTYPES: tuple[str, ...] = ("auto", "float16", "float32")
+KV_DTYPES: tuple[str, ...] = ("auto", "float16", "float32", "int8")
 #: How long ORT's idle threads spin, µs, in the engine and the worker: long enough to bridge
 #: the gaps between a decode step's operators (a single-threaded operator between two
 #: parallel ones: 5 µs lost 18% of the built-in model's decode on a quiet machine, 10 µs
@@ -253,7 +253,9 @@ class EngineConfig:
     #: The live KV cache's element type on the CPU: "auto" = float16 where the engine's
     #: kernel runs every attention node (engine.model.kv16_pass: half the KV bytes per
     #: token), else the model's own; "float16" the same, and a load error where it cannot
-    #: apply; "float32" keeps a float32 export's KV as it is. A model exported with float16
+    #: apply; "int8" a quarter of float32's bytes (a scale per token and KV head; a load error
+    #: where it cannot apply); "float32" keeps a float32 export's KV as it is. A model exported
+    #: with float16
     #: KV (GPU exports) keeps it whatever this says.
     kv_dtype: str = "auto"
     #: Linux, CPU: cap the engine kernels' threads at the cores other programs leave free,
@@ -269,7 +271,7 @@ class EngineConfig:
             raise InvalidOptionError("kv_dtype", f"expected one of {', '.join(KV_DTYPES)}, "
                                      f"got {self.kv_dtype!r}",
                                      hint="use 'auto' (float16 where the engine's kernel "
-                                          "runs attention) or 'float32'")
+                                          "runs attention), 'int8' or 'float32'")
         if self.intra_op_threads is not None:
             _check_int("intra_op_threads", self.intra_op_threads, minimum=1,
                        hint="leave unset to use the physical cores")

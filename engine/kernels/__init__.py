@@ -94,22 +94,34 @@ def matmul_fp32_fast() -> bool:
     return matmul_paths() == "avx512-vnni" or matmul_eight_bit()
 
 
-#: The operator over a float16 KV cache (engine.model.kv16_pass), by its registered name.
+#: The operators over a float16 and an int8 KV cache (engine.model.kv16_pass), by their
+#: registered names.
 F16KV_OP = b"GroupQueryAttentionF16KV"
-_f16kv_seen: dict[tuple[str, int, int], bool] = {}
+I8KV_OP = b"GroupQueryAttentionI8KV"
+_ops_seen: dict[tuple[str, int, int, bytes], bool] = {}
 
 
-def f16kv_ready() -> bool:
-    """Whether the library registers the float16-KV attention (a build before it does not:
-    its graphs keep float32 KV). The name is looked for in the file, read once per build."""
+def _registers(op: bytes) -> bool:
+    """Whether the library registers `op` (a build before it does not). The name is looked
+    for in the file, read once per build."""
     path = library()
     if path is None:
         return False
     stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _f16kv_seen:
-        _f16kv_seen[key] = F16KV_OP in path.read_bytes()
-    return _f16kv_seen[key]
+    key = (str(path), stat.st_mtime_ns, stat.st_size, op)
+    if key not in _ops_seen:
+        _ops_seen[key] = op in path.read_bytes()
+    return _ops_seen[key]
+
+
+def f16kv_ready() -> bool:
+    """Whether the library registers the float16-KV attention (else graphs keep float32 KV)."""
+    return _registers(F16KV_OP)
+
+
+def i8kv_ready() -> bool:
+    """Whether the library registers the int8-KV attention."""
+    return _registers(I8KV_OP)
 
 
 def c_compiler() -> str | None:

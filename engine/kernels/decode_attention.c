@@ -45,28 +45,39 @@ static const int INPUT_TYPES[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, EL
                                           ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 static const int INPUT_TYPES_F16KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT16, ELEM_FLOAT16,
                                                ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
+static const int INPUT_TYPES_I8KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_INT8, ELEM_INT8,
+                                              ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 static const int INPUT_REQUIRED_MASK[N_INPUTS] = {1, 0, 0, 0, 0, 1, 1, 0, 0};
+
+/* The KV caches' element. KV_I8: a row of head_size int8 values, then its scale as a float32
+   (head_size + 4 bytes): value d is q[d] * scale, one multiply in float on every path. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_I8 = 2 };
+#define I8_ROW(D) ((D) + 4)
 
 typedef struct Kernel {
   int64_t num_heads, kv_num_heads, local_window_size, do_rotary, rotary_interleaved, smooth_softmax;
   float scale, softcap;
-  int f16;         /* GroupQueryAttentionF16KV: the caches in float16 */
+  int kind;        /* the caches' element: KV_F32, KV_F16 (GroupQueryAttentionF16KV), KV_I8 (...I8KV) */
   OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention (float32) */
 } Kernel;
 
-static CustomOp g_op, g_op_f16; /* the two operators' tables (RegisterCustomOps fills them) */
+static CustomOp g_op, g_op_f16, g_op_i8; /* the operators' tables (RegisterCustomOps fills them) */
 
 
 static const char* ORT_CALL op_name(const void* op) {
-  return op == (const void*)&g_op_f16 ? "GroupQueryAttentionF16KV" : "GroupQueryAttention";
+  return op == (const void*)&g_op_f16  ? "GroupQueryAttentionF16KV"
+         : op == (const void*)&g_op_i8 ? "GroupQueryAttentionI8KV"
+                                       : "GroupQueryAttention";
 }
 static const char* ORT_CALL op_provider(const void* op) { (void)op; return "CPUExecutionProvider"; }
 static int ORT_CALL input_type(const void* op, size_t i) {
-  return op == (const void*)&g_op_f16 ? INPUT_TYPES_F16KV[i] : INPUT_TYPES[i];
+  return op == (const void*)&g_op_f16 ? INPUT_TYPES_F16KV[i] : op == (const void*)&g_op_i8 ? INPUT_TYPES_I8KV[i]
+                                                                                          : INPUT_TYPES[i];
 }
 static size_t ORT_CALL input_count(const void* op) { (void)op; return N_INPUTS; }
 static int ORT_CALL output_type(const void* op, size_t i) {
-  return op == (const void*)&g_op_f16 && i > 0 ? ELEM_FLOAT16 : ELEM_FLOAT;
+  if (i == 0) return ELEM_FLOAT;
+  return op == (const void*)&g_op_f16 ? ELEM_FLOAT16 : op == (const void*)&g_op_i8 ? ELEM_INT8 : ELEM_FLOAT;
 }
 static size_t ORT_CALL output_count(const void* op) { (void)op; return N_OUTPUTS; }
 static int ORT_CALL input_characteristic(const void* op, size_t i) {
@@ -135,7 +146,7 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
   (void)api;
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (k == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
-  k->f16 = op == (const void*)&g_op_f16;
+  k->kind = op == (const void*)&g_op_f16 ? KV_F16 : op == (const void*)&g_op_i8 ? KV_I8 : KV_F32;
   k->num_heads = attr_int(info, "num_heads", 0);
   k->kv_num_heads = attr_int(info, "kv_num_heads", 0);
   k->local_window_size = attr_int(info, "local_window_size", -1);
@@ -169,12 +180,12 @@ typedef struct Step {
   int64_t seq;             /* new tokens per batch row: row r is token r % seq of batch r / seq */
   const int32_t* totals;   /* [rows]: the positions row r attends to, itself included */
   const float* q;          /* [rows, heads, head_size], rotated and scaled */
-  const void* keys;        /* [batch, kv_heads, capacity, head_size]: float, or float16 (f16) */
+  const void* keys;        /* [batch, kv_heads, capacity, head_size]: float, float16 or int8 rows (kind) */
   const void* values;
   float* partial;          /* chunk tasks: [rows, heads, chunks, head_size + 2]: acc..., max, sum */
   float* out;              /* row tasks: [rows, heads, head_size] */
   volatile int failed;     /* a row task could not get its scratch memory */
-  int f16;                 /* keys and values are float16 (uint16_t bits) */
+  int kind;                /* KV_F32, KV_F16 (uint16_t bits), KV_I8 (I8_ROW bytes a row) */
   int64_t window;          /* local_window_size: a row attends its last `window` positions (<= 0: all) */
 } Step;
 
@@ -412,6 +423,36 @@ HOT static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
   for (int64_t i = 0; i < n; ++i) f[i] = half_to_float(h[i]);
 }
 
+/* An int8 row's scale (the float32 after its D values). */
+static inline float i8_scale(const int8_t* row, int64_t D) {
+  float scale;
+  memcpy(&scale, row + D, sizeof scale);
+  return scale;
+}
+
+/* f[i * D + d] = row i's value d as a float, for `rows` int8 rows of I8_ROW(D) bytes at src:
+   q * scale, the one multiply every path makes. HOT: vectorised where the CPU can. */
+HOT static void i8_rows_to_floats(const int8_t* src, int64_t rows, int64_t D, float* f) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int8_t* row = src + i * I8_ROW(D);
+    const float scale = i8_scale(row, D);
+    for (int64_t d = 0; d < D; ++d) f[i * D + d] = (float)row[d] * scale;
+  }
+}
+
+/* A new key or value row into int8: scale = largest |x| / 127, q = x / scale rounded to
+   nearest (ties to even); an all-zero row keeps scale 0. */
+static void floats_to_i8_row(const float* x, int64_t D, int8_t* row) {
+  float top = 0.0f;
+  for (int64_t d = 0; d < D; ++d) top = fabsf(x[d]) > top ? fabsf(x[d]) : top;
+  const float scale = top / 127.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    const float v = scale > 0.0f ? nearbyintf(x[d] / scale) : 0.0f;
+    row[d] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+  }
+  memcpy(row + D, &scale, sizeof scale);
+}
+
 /* Sum of 16 lanes as a tree (the compiler keeps it in vector registers). */
 static inline float sum16(const float* lanes) {
   float t8[8], t4[4];
@@ -470,9 +511,10 @@ __attribute__((target("avx512f"))) static inline void transpose16(const __m512* 
   }
 }
 
-/* Kt[d * TILE + t] = key t's dimension d for t < m (keys at src: m rows of D floats, or of
-   D float16 with f16), and 0 for the rest of the 2 or 4 groups of sixteen dots_t16 reads. */
-__attribute__((target("avx512f"))) static void transpose_tile(const void* src, int f16, int64_t m, int64_t D,
+/* Kt[d * TILE + t] = key t's dimension d for t < m (keys at src: m rows of D floats, of D
+   float16, or int8 rows, by kind), and 0 for the rest of the 2 or 4 groups of sixteen
+   dots_t16 reads. */
+__attribute__((target("avx512f"))) static void transpose_tile(const void* src, int kind, int64_t m, int64_t D,
                                                              float* Kt) {
   __m512 r[16];
   const int64_t padded = m > 2 * 16 ? TILE : 2 * 16; /* dots_t16 reads 2 or 4 groups */
@@ -481,8 +523,12 @@ __attribute__((target("avx512f"))) static void transpose_tile(const void* src, i
       for (int64_t i = 0; i < 16; ++i) {
         if (k0 + i >= m) {
           r[i] = _mm512_setzero_ps();
-        } else if (f16) {
+        } else if (kind == KV_F16) {
           r[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)src + (k0 + i) * D + d0)));
+        } else if (kind == KV_I8) {
+          const int8_t* row = (const int8_t*)src + (k0 + i) * I8_ROW(D);
+          const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + d0))));
+          r[i] = _mm512_mul_ps(q, _mm512_set1_ps(i8_scale(row, D)));
         } else {
           r[i] = _mm512_loadu_ps((const float*)src + (k0 + i) * D + d0);
         }
@@ -581,19 +627,24 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256* r) {
 
 /* transpose_tile with AVX2 (and F16C for a float16 cache): up to 64 keys, zero past m up
    to the 16 or 64 keys dots_t8 reads. */
-__attribute__((target("avx2,fma,f16c"))) static void transpose_tile_avx2(const void* src, int f16, int64_t m,
+__attribute__((target("avx2,fma,f16c"))) static void transpose_tile_avx2(const void* src, int kind, int64_t m,
                                                                         int64_t D, float* Kt) {
   __m256 r[8];
   const int64_t padded = m > 16 ? TILE : 16;
   for (int64_t k0 = 0; k0 < padded; k0 += 8)
     for (int64_t d0 = 0; d0 < D; d0 += 8) {
       for (int64_t i = 0; i < 8; ++i) {
-        if (k0 + i >= m)
+        if (k0 + i >= m) {
           r[i] = _mm256_setzero_ps();
-        else if (f16)
+        } else if (kind == KV_F16) {
           r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)src + (k0 + i) * D + d0)));
-        else
+        } else if (kind == KV_I8) {
+          const int8_t* row = (const int8_t*)src + (k0 + i) * I8_ROW(D);
+          const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + d0))));
+          r[i] = _mm256_mul_ps(q, _mm256_set1_ps(i8_scale(row, D)));
+        } else {
           r[i] = _mm256_loadu_ps((const float*)src + (k0 + i) * D + d0);
+        }
       }
       transpose8(r);
       for (int64_t i = 0; i < 8; ++i) _mm256_storeu_ps(Kt + (d0 + i) * TILE + k0, r[i]);
@@ -901,17 +952,17 @@ static ALWAYS_INLINE void exps(float* x, int64_t n, float m) {
    the softmax and the weighted sum of values go through the row's positions in order. So
    a token gets the same bits alone in a decode step or among the rows of a prefill chunk.
 
-   With a float16 cache (`f16`, a constant), each tile of a batch row's keys or values is
-   converted to floats (exactly) into `tile` once for all the query vectors that read it,
-   and the same code then runs on the floats: the same bits as a float32 cache holding the
-   float16 values. */
+   With a float16 or int8 cache (`kind`, a constant), each tile of a batch row's keys or
+   values is converted to floats (float16 exactly; int8 as q * scale) into `tile` once for
+   all the query vectors that read it, and the same code then runs on the floats: the same
+   bits as a float32 cache holding those values. */
 static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t g, int64_t chunk, float* out,
                                  int64_t row_stride, int64_t head_stride, float* scratch, const int64_t D,
-                                 const int f16) {
+                                 const int kind) {
   const int64_t t0 = chunk * CHUNK, G = s->group, rows = r1 - r0;
   float* scores = scratch;                   /* [rows * G][CHUNK] */
   float* accs = scratch + rows * G * CHUNK;  /* [rows * G][D] */
-  float* tile = accs + rows * G * D;         /* f16: [TILE][D], one tile as floats */
+  float* tile = accs + rows * G * D;         /* kind != KV_F32: [TILE][D], one tile as floats */
   int seen = 0; /* a row of the block attends to a position of this chunk */
   for (int64_t r = r0; r < r1 && !seen; ++r) seen = ROW_FIRST(s, r) < t0 + CHUNK && s->totals[r] > t0;
   if (!seen) { /* every row's partial empty: before its window or past its end */
@@ -933,35 +984,41 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 #define ROW_N(r) ((int64_t)s->totals[r] - t0 < CHUNK ? (int64_t)s->totals[r] - t0 : CHUNK)
 #define KV_AT(base, r, t) \
   ((const float*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
-#define KV16_AT(base, r, t) \
-  ((const uint16_t*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
+  /* a float16 or int8 cache's row t of chunk t0 for row r (its batch row, KV head g) */
+#define KVC_AT(base, r, t)                                                                  \
+  ((const char*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * \
+                             (kind == KV_I8 ? I8_ROW(D) : 2 * D))
   /* The end of row r's batch row in the block (its rows' totals grow with r). */
 #define BATCH_END(r) ((((r) / s->seq) + 1) * s->seq < r1 ? (((r) / s->seq) + 1) * s->seq : r1)
-  /* f16: tile ts of row r's batch row into `tile`, as far as the block's rows of it read. */
-#define CONVERT_TILE(base, r, ts)                                                       \
-  do {                                                                                  \
-    const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts);                              \
-    halves_to_floats(KV16_AT(base, r, ts), (reach_ < TILE ? reach_ : TILE) * D, tile); \
+  /* tile ts of row r's batch row into `tile`, as far as the block's rows of it read. */
+#define CONVERT_TILE(base, r, ts)                                                              \
+  do {                                                                                         \
+    const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts), m_ = reach_ < TILE ? reach_ : TILE; \
+    if (kind == KV_I8)                                                                         \
+      i8_rows_to_floats((const int8_t*)KVC_AT(base, r, ts), m_, D, tile);                      \
+    else                                                                                       \
+      halves_to_floats((const uint16_t*)KVC_AT(base, r, ts), m_ * D, tile);                    \
   } while (0)
   /* The scores, tile by tile: the tile's keys are read once for the block. Where many
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
   for (int64_t ts = 0; ts < longest; ts += TILE) {
-    int64_t converted = -1; /* f16: the batch row whose tile ts is in `tile` */
+    int64_t converted = -1; /* the batch row whose tile ts is in `tile` */
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
       rb = BATCH_END(ra);
       const int64_t reach = ROW_N(rb - 1) - ts; /* the segment's last row reads furthest */
       if (reach <= 0) continue;
 #ifdef HAVE_X86_PATHS
-      const int wide = g_isa == 2 && D % 16 == 0, narrow = g_isa == 1 && D % 8 == 0 && (!f16 || g_half >= 1);
+      const int wide = g_isa == 2 && D % 16 == 0,
+                narrow = g_isa == 1 && D % 8 == 0 && (kind != KV_F16 || g_half >= 1);
       if ((wide || narrow) && (rb - ra) * G >= TRANSPOSED_FROM) {
         const int64_t mt = reach < TILE ? reach : TILE;
-        const void* src = f16 ? (const void*)KV16_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
+        const void* src = kind ? (const void*)KVC_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
         if (wide)
-          transpose_tile(src, f16, mt, D, tile);
+          transpose_tile(src, kind, mt, D, tile);
         else
-          transpose_tile_avx2(src, f16, mt, D, tile);
+          transpose_tile_avx2(src, kind, mt, D, tile);
         converted = -1;
         const float* qv[MAX_VECTORS];
         float* sv[MAX_VECTORS];
@@ -985,7 +1042,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         if (n <= ts) continue;
         const int64_t m = n - ts < TILE ? n - ts : TILE;
         const float* keys;
-        if (f16) {
+        if (kind) {
           if (r / s->seq != converted) {
             CONVERT_TILE(s->keys, r, ts);
             converted = r / s->seq;
@@ -1032,10 +1089,10 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      values: each value row is loaded once for four accumulators, each still the sum over
      its positions in order (so the same bits as one at a time). */
   for (int64_t ts = 0; ts < longest; ts += TILE)
-   /* float32: the block at once; f16: each batch row's rows, its tile converted first */
+   /* float32: the block at once; else each batch row's rows, its tile converted first */
    for (int64_t ra = r0, rb; ra < r1; ra = rb) {
-    rb = f16 ? BATCH_END(ra) : r1;
-    if (f16) {
+    rb = kind ? BATCH_END(ra) : r1;
+    if (kind) {
       if (ROW_N(rb - 1) <= ts) continue;
       CONVERT_TILE(s->values, ra, ts);
     }
@@ -1050,7 +1107,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       for (int64_t j = 0; j < G; ++j, ++nv) {
         vp[nv] = scores + ((r - r0) * G + j) * CHUNK + ts;
         va[nv] = accs + ((r - r0) * G + j) * D;
-        vv[nv] = f16 ? tile : KV_AT(s->values, r, ts);
+        vv[nv] = kind ? tile : KV_AT(s->values, r, ts);
         vm[nv] = n - ts < TILE ? n - ts : TILE;
       }
     }
@@ -1082,7 +1139,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   }
 #undef ROW_N
 #undef KV_AT
-#undef KV16_AT
+#undef KVC_AT
 #undef BATCH_END
 #undef CONVERT_TILE
   for (int64_t r = r0; r < r1; ++r) {
@@ -1104,19 +1161,20 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 HOT __attribute__((noinline)) static void attend_piece(const Step* s, int64_t r0, int64_t r1, int64_t g,
                                                        int64_t chunk, float* out, int64_t row_stride,
                                                        int64_t head_stride, float* scratch) {
-  if (s->f16) {
-    switch (s->head_size) {
-      case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64, 1); break;
-      case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128, 1); break;
-      default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size, 1); break;
-    }
-    return;
+#define ATTEND_KIND(KIND)                                                                                    \
+  switch (s->head_size) {                                                                                    \
+    case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64, KIND); break;            \
+    case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128, KIND); break;          \
+    default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size, KIND); break; \
   }
-  switch (s->head_size) {
-    case 64: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 64, 0); break;
-    case 128: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, 128, 0); break;
-    default: attend(s, r0, r1, g, chunk, out, row_stride, head_stride, scratch, s->head_size, 0); break;
+  if (s->kind == KV_F16) {
+    ATTEND_KIND(KV_F16)
+  } else if (s->kind == KV_I8) {
+    ATTEND_KIND(KV_I8)
+  } else {
+    ATTEND_KIND(KV_F32)
   }
+#undef ATTEND_KIND
 }
 
 /* A row's attention for one query head from its chunks' partials (`chunks` of them, D + 2
@@ -1263,40 +1321,50 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
   return API(InvokeOp)(context, k->fallback, inputs, N_INPUTS, outputs, N_OUTPUTS);
 }
 
-/* run_fallback for the float16 cache: ONNX Runtime's fp32 kernel on float32 copies of the
-   past caches, into float32 presents that are then rounded to the float16 outputs. (The
-   attention reads the new keys and values before their rounding here; the engine's own
-   runs never come this way.) */
-static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
+/* run_fallback for a float16 or int8 cache: ONNX Runtime's fp32 kernel on float32 copies
+   of the past caches, into float32 presents that are then stored back in the cache's
+   element (rounded to float16; quantized row by row to int8). (The attention reads the new
+   keys and values before their rounding here; the engine's own runs never come this way.) */
+static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
   __atomic_add_fetch(&g_fallbacks, 1, __ATOMIC_RELAXED);
+  const int i8 = k->kind == KV_I8;
   Tensor query, past[2] = {{0}, {0}};
   TRY(describe(inputs[0], &query));
-  if (query.rank != 3) return fail("GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
+  if (query.rank != 3) return fail(i8 ? "GroupQueryAttentionI8KV: query must be [batch, sequence, hidden]"
+                                      : "GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
   const int64_t width = query.dims[2];
   const int64_t D = inputs[1] == NULL ? width / (k->num_heads + 2 * k->kv_num_heads) : width / k->num_heads;
+  const int64_t row = i8 ? I8_ROW(D) : D; /* the cache's last dimension */
   const int64_t total = read_scalar(inputs[6]);
   int64_t present_len = total;
   for (int i = 0; i < 2; ++i) {
     if (inputs[3 + i] == NULL) continue;
     TRY(describe(inputs[3 + i], &past[i]));
-    if (past[i].elem != ELEM_FLOAT16 || past[i].rank != 4)
-      return fail("GroupQueryAttentionF16KV: past_key and past_value must be float16 [batch, kv_heads, length, "
-                  "head_size]");
+    if (past[i].elem != (i8 ? ELEM_INT8 : ELEM_FLOAT16) || past[i].rank != 4 || past[i].dims[3] != row)
+      return fail(i8 ? "GroupQueryAttentionI8KV: past_key and past_value must be int8 [batch, kv_heads, length, "
+                       "head_size + 4]"
+                     : "GroupQueryAttentionF16KV: past_key and past_value must be float16 [batch, kv_heads, "
+                       "length, head_size]");
     if (past[i].dims[2] > present_len) present_len = past[i].dims[2];
   }
   const int64_t out_dims[3] = {query.dims[0], query.dims[1], k->num_heads * D};
   const int64_t kv_dims[4] = {query.dims[0], k->kv_num_heads, present_len, D};
-  const int64_t kv_count = kv_dims[0] * kv_dims[1] * kv_dims[2] * kv_dims[3];
+  const int64_t cache_dims[4] = {query.dims[0], k->kv_num_heads, present_len, row};
+  const int64_t kv_rows = kv_dims[0] * kv_dims[1] * kv_dims[2], kv_count = kv_rows * D;
   OrtValue* outputs[N_OUTPUTS] = {0};
   TRY(API(KernelContext_GetOutput)(context, 0, out_dims, 3, &outputs[0]));
-  int64_t past_count[2] = {0, 0};
-  for (int i = 0; i < 2; ++i)
-    if (inputs[3 + i] != NULL) past_count[i] = past[i].dims[0] * past[i].dims[1] * past[i].dims[2] * past[i].dims[3];
+  int64_t past_rows[2] = {0, 0}, past_dims[2][4];
+  for (int i = 0; i < 2; ++i) {
+    if (inputs[3 + i] == NULL) continue;
+    past_rows[i] = past[i].dims[0] * past[i].dims[1] * past[i].dims[2];
+    memcpy(past_dims[i], past[i].dims, sizeof past_dims[i]);
+    past_dims[i][3] = D;
+  }
   /* float32 scratch: the past key and value, then the present key and value */
-  float* scratch = (float*)malloc((size_t)(past_count[0] + past_count[1] + 2 * kv_count + 1) * sizeof(float));
-  if (scratch == NULL) return API(CreateStatus)(ORT_FAIL, "GroupQueryAttentionF16KV: out of memory");
-  float* past32[2] = {scratch, scratch + past_count[0]};
-  float* present32[2] = {past32[1] + past_count[1], past32[1] + past_count[1] + kv_count};
+  float* scratch = (float*)malloc((size_t)((past_rows[0] + past_rows[1]) * D + 2 * kv_count + 1) * sizeof(float));
+  if (scratch == NULL) return API(CreateStatus)(ORT_FAIL, "GroupQueryAttention: out of memory");
+  float* past32[2] = {scratch, scratch + past_rows[0] * D};
+  float* present32[2] = {past32[1] + past_rows[1] * D, past32[1] + past_rows[1] * D + kv_count};
   OrtMemoryInfo* cpu = NULL;
   OrtValue* made[4] = {0};
   const OrtValue* fp32_inputs[N_INPUTS];
@@ -1304,9 +1372,12 @@ static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, c
   OrtStatus* status = API(CreateCpuMemoryInfo)(0 /* device allocator */, 0 /* default memory */, &cpu);
   for (int i = 0; i < 2 && status == NULL; ++i) {
     if (inputs[3 + i] == NULL) continue;
-    halves_to_floats((const uint16_t*)(void*)past[i].data, past_count[i], past32[i]);
-    status = API(CreateTensorWithDataAsOrtValue)(cpu, past32[i], (size_t)past_count[i] * sizeof(float), past[i].dims,
-                                                 4, ELEM_FLOAT, &made[i]);
+    if (i8)
+      i8_rows_to_floats((const int8_t*)(const void*)past[i].data, past_rows[i], D, past32[i]);
+    else
+      halves_to_floats((const uint16_t*)(const void*)past[i].data, past_rows[i] * D, past32[i]);
+    status = API(CreateTensorWithDataAsOrtValue)(cpu, past32[i], (size_t)(past_rows[i] * D) * sizeof(float),
+                                                 past_dims[i], 4, ELEM_FLOAT, &made[i]);
     fp32_inputs[3 + i] = made[i];
   }
   for (int i = 0; i < 2 && status == NULL; ++i) {
@@ -1317,10 +1388,14 @@ static OrtStatus* run_fallback_f16(const Kernel* k, OrtKernelContext* context, c
   if (status == NULL) status = API(InvokeOp)(context, k->fallback, fp32_inputs, N_INPUTS, outputs, N_OUTPUTS);
   for (int i = 0; i < 2 && status == NULL; ++i) {
     OrtValue* present = NULL;
-    uint16_t* bits = NULL;
-    status = API(KernelContext_GetOutput)(context, 1 + (size_t)i, kv_dims, 4, &present);
-    if (status == NULL) status = API(GetTensorMutableData)(present, (void**)&bits);
-    if (status == NULL) floats_to_halves(present32[i], kv_count, bits);
+    void* bits = NULL;
+    status = API(KernelContext_GetOutput)(context, 1 + (size_t)i, cache_dims, 4, &present);
+    if (status == NULL) status = API(GetTensorMutableData)(present, &bits);
+    if (status != NULL) break;
+    if (i8)
+      for (int64_t r = 0; r < kv_rows; ++r) floats_to_i8_row(present32[i] + r * D, D, (int8_t*)bits + r * row);
+    else
+      floats_to_halves(present32[i], kv_count, (uint16_t*)bits);
   }
   for (int i = 0; i < 4; ++i)
     if (made[i] != NULL) API(ReleaseValue)(made[i]);
@@ -1343,7 +1418,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   for (size_t i = 0; i < n_inputs; ++i) TRY(API(KernelContext_GetInput)(context, i, &inputs[i]));
 
   Tensor query, past_key, past_value, seqlens;
-  const int cache_elem = k->f16 ? ELEM_FLOAT16 : ELEM_FLOAT;
+  const int cache_elem = k->kind == KV_F16 ? ELEM_FLOAT16 : k->kind == KV_I8 ? ELEM_INT8 : ELEM_FLOAT;
+  const int64_t extra = k->kind == KV_I8 ? I8_ROW(0) : 0; /* an int8 row's scale bytes */
   int fast = inputs[0] != NULL && inputs[3] != NULL && inputs[4] != NULL && inputs[5] != NULL &&
              k->softcap == 0.0f && k->smooth_softmax == 0 &&
              k->num_heads > 0;
@@ -1359,14 +1435,14 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
            query.elem == ELEM_FLOAT && past_key.rank == 4 && past_key.elem == cache_elem &&
            past_value.elem == cache_elem && past_value.rank == 4 && seqlens.rank == 1 &&
            seqlens.dims[0] == query.dims[0] && past_key.dims[0] == query.dims[0] &&
-           past_key.dims[1] == k->kv_num_heads && past_key.dims[3] <= MAX_HEAD &&
+           past_key.dims[1] == k->kv_num_heads && past_key.dims[3] > extra && past_key.dims[3] - extra <= MAX_HEAD &&
            memcmp(past_key.dims, past_value.dims, sizeof past_key.dims) == 0;
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
   if (fast) fast = k->num_heads / k->kv_num_heads <= MAX_VECTORS;
-  if (!fast) return k->f16 ? run_fallback_f16(k, context, inputs) : run_fallback(k, context, inputs);
+  if (!fast) return k->kind ? run_fallback_cast(k, context, inputs) : run_fallback(k, context, inputs);
   const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
-  const int64_t D = past_key.dims[3], R = B * S;
+  const int64_t D = past_key.dims[3] - extra, R = B * S;
   const int64_t cap = past_key.dims[2];
   const int packed = inputs[1] == NULL;
   const int64_t width = packed ? (H + 2 * KVH) * D : H * D;
@@ -1409,7 +1485,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   }
   if (!shapes_ok || present_k != (void*)past_key.data || present_v != (void*)past_value.data)
     /* same shapes asked again: the same outputs */
-    return k->f16 ? run_fallback_f16(k, context, inputs) : run_fallback(k, context, inputs);
+    return k->kind ? run_fallback_cast(k, context, inputs) : run_fallback(k, context, inputs);
 
   const int64_t G = H / KVH;
   const float scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D);
@@ -1445,7 +1521,16 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     }
     for (int64_t g = 0; g < KVH; ++g) {
       const int64_t at = ((b * KVH + g) * cap + pos) * D;
-      if (k->f16) { /* rotated in float32, then rounded */
+      if (k->kind == KV_I8) { /* rotated in float32, then quantized */
+        float kd[MAX_HEAD];
+        memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
+        if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
+        const int64_t at8 = ((b * KVH + g) * cap + pos) * I8_ROW(D);
+        floats_to_i8_row(kd, D, (int8_t*)present_k + at8);
+        floats_to_i8_row(vin + g * D, D, (int8_t*)present_v + at8);
+        continue;
+      }
+      if (k->kind == KV_F16) { /* rotated in float32, then rounded */
         float kd[MAX_HEAD];
         memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
         if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
@@ -1460,7 +1545,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       memcpy((float*)present_v + at, vin + g * D, (size_t)D * sizeof(float));
     }
   }
-  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->f16,
+  Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->kind,
                k->local_window_size};
   OrtStatus* status;
   if (row_tasks) {
@@ -1578,12 +1663,14 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
   g_op.GetVariadicOutputHomogeneity = variadic_homogeneity;
   g_op.CreateKernelV2 = kernel_create;
   g_op.KernelComputeV2 = kernel_compute;
-  g_op_f16 = g_op; /* the same functions: they tell the two apart by the table's address */
+  g_op_f16 = g_op; /* the same functions: they tell them apart by the table's address */
+  g_op_i8 = g_op;
   if (g_domain == NULL) TRY(API(CreateCustomOpDomain)("engine.kernels", &g_domain));
   static int added = 0;
   if (!added) {
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op));
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op_f16));
+    TRY(API(CustomOpDomain_Add)(g_domain, &g_op_i8));
     TRY(engine_matmul_register(g_domain));
     added = 1;
   }

@@ -9,11 +9,15 @@ The error is bounded by half a step: ``|x - dequant(q)| <= scale[h] / 2``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QuantizedKV", "dequantize_int8", "quantization_error", "quantize_int8"]
+from engine.model.kv16_pass import I8_SCALE_BYTES
+
+__all__ = ["ROW_SCALE_BYTES", "QuantizedKV", "dequantize_int8", "float_to_rows",
+           "quantization_error", "quantize_int8", "rows_shifted", "rows_to_float", "value_dim"]
 
 _QMAX = 127.0
 _FLOAT_DTYPES = ("float32", "float16")
@@ -109,3 +113,41 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
         "raw_bytes": float(kv.nbytes),
         "quantized_bytes": float(q.nbytes),
     }
+
+
+# --- the live int8 cache's rows (engine.model.kv16_pass, engine/kernels) -------------------
+
+#: An int8 cache row: head_dim int8 values, then their scale as a float32.
+ROW_SCALE_BYTES = I8_SCALE_BYTES
+
+
+def value_dim(head_dim: int, dtype: str) -> int:
+    """The values a cache row of `head_dim` elements of `dtype` holds (int8: its scale's
+    bytes less)."""
+    return head_dim - ROW_SCALE_BYTES if dtype == "int8" else head_dim
+
+
+def rows_to_float(rows: np.ndarray) -> np.ndarray:
+    """int8 cache rows `[..., head_dim + 4]` as float32 `[..., head_dim]`: q * scale, the
+    kernel's one multiply."""
+    d = rows.shape[-1] - ROW_SCALE_BYTES
+    scales = np.ascontiguousarray(rows[..., d:]).view(np.float32)
+    return rows[..., :d].astype(np.float32) * scales
+
+
+def float_to_rows(x: np.ndarray) -> np.ndarray:
+    """float rows `[..., head_dim]` as int8 cache rows, quantized as the kernel writes them:
+    scale = largest |x| / 127 per row, q = x / scale rounded to nearest even."""
+    x = x.astype(np.float32, copy=False)
+    scales = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(_QMAX)).astype(np.float32)
+    q = np.divide(x, scales, out=np.zeros_like(x), where=scales > 0)
+    q = np.clip(np.rint(q), -_QMAX, _QMAX).astype(np.int8)
+    return np.concatenate([q, scales.view(np.int8)], axis=-1)
+
+
+def rows_shifted(rows: np.ndarray, shift: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """`shift` (a key rotation on float rows) applied to cache rows of any element type:
+    int8 rows are read as floats, rotated, and quantized again."""
+    if rows.dtype != np.int8:
+        return shift(rows)
+    return float_to_rows(shift(rows_to_float(rows)))

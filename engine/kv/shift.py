@@ -18,11 +18,13 @@ prompt, at least 64 tokens) are recomputed.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.kv.quant import rows_shifted, value_dim
 from engine.model.io_spec import IOSpec
 from engine.model.model_dir import ModelDir
 from engine.model.rotary import KeyRotation, RotaryFinding, key_rotation
@@ -183,8 +185,11 @@ class Shifter:
             if seg.src is None:
                 continue
             got = read(seg.src, seg.src + seg.length)
-            rows[i] = [self.rotation.shift(r, seg.src, seg.at) if key and seg.src != seg.at
-                       else r for r, key in zip(got, self._is_key, strict=True)]
+            src = seg.src
+            rows[i] = [rows_shifted(r, functools.partial(self.rotation.shift, src=src,
+                                                         dst=seg.at))
+                       if key and src != seg.at else r
+                       for r, key in zip(got, self._is_key, strict=True)]
         return ShiftPlan(segments, rows, self.min_run if min_run is None else min_run)
 
 
@@ -195,7 +200,7 @@ def make_shifter(model: ModelDir, spec: IOSpec, context: int,
         return None, RotaryFinding(None, "off (cache_reuse is 0)")
     if not spec.kv_pairs:
         return None, RotaryFinding(None, "the graph keeps no KV")
-    key_dims = [p.head_dim for p in spec.kv_pairs if p.kind == "key"]
+    key_dims = [value_dim(p.head_dim, p.dtype) for p in spec.kv_pairs if p.kind == "key"]
     if not key_dims or len(key_dims) == len(spec.kv_pairs):
         return None, RotaryFinding(None, "the graph's KV inputs do not tell keys from values")
     head_dim = min(key_dims)

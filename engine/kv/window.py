@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelLoadError
+from engine.kv.quant import rows_shifted, value_dim
 from engine.model.io_spec import IOSpec
 from engine.model.model_dir import ModelDir
 from engine.model.rotary import KeyRotation, key_rotation
@@ -101,7 +102,7 @@ def windowed(model: ModelDir, spec: IOSpec, context: int,
         raise ModelLoadError(
             f"the model's window needs {window.rows} tokens of KV, the engine was limited "
             f"to {context}", hint="raise kv_max_len, or lower the model's sliding_window")
-    keys = [p.head_dim for p in spec.kv_pairs if p.kind == "key"]
+    keys = [value_dim(p.head_dim, p.dtype) for p in spec.kv_pairs if p.kind == "key"]
     if not keys or len(keys) == len(spec.kv_pairs):
         raise ModelLoadError(f"{model.path} declares a sliding window, but its graph's KV "
                              "inputs do not tell keys from values",
@@ -256,8 +257,8 @@ class WindowedRunner(DecodeRunner):
         inner, sinks, drop = self.inner, self._w.sinks, self._w.drop
         held = inner.length
         rows = inner.export_kv(sinks + drop, held)
-        moved = [self.rotation.shift(r, sinks + drop, sinks) if key else r
-                 for r, key in zip(rows, self._is_key, strict=True)]
+        moved = [rows_shifted(r, lambda k: self.rotation.shift(k, sinks + drop, sinks))
+                 if key else r for r, key in zip(rows, self._is_key, strict=True)]
         kept = inner.tokens[sinks + drop:held]
         inner.rewind(held - sinks)
         inner.import_kv(moved, sinks, kept)

@@ -1,4 +1,5 @@
-"""Float16 KV on the CPU: the live cache in 16 bits where the engine's kernel runs attention.
+"""Float16 (or int8) KV on the CPU: the live cache in 16 (8) bits where the engine's kernel
+runs attention.
 
 After `own_attention_moves` (engine.model.graph_passes) has moved GroupQueryAttention nodes
 to the engine's kernel, `half_kv` retypes the graph's past inputs and present outputs from
@@ -9,6 +10,11 @@ cache, and every read of the cache (a chunk's own tokens included) converts it b
 token's output has the same bits on every path, as with float32 KV. Half the KV bytes per
 token (docs/kv-and-scheduling.md has the measured agreement with float32 KV).
 
+`cache_kv(data, "int8", dims)` does the same for `GroupQueryAttentionI8KV`: each cache row
+(one token, one KV head) is head_size int8 values and their float32 scale (largest |x| /
+127), head_size + 4 bytes, so the tensors' last dimension becomes head_size + 4: about a
+quarter of float32's bytes, half of float16's.
+
 All or nothing per model: every GroupQueryAttention node must run the engine's kernel, its
 past and present must be float32 graph inputs and outputs, read by no other node (a `Shape`
 aside) and given to no other attention node; else the graph keeps float32 KV and the reason.
@@ -17,12 +23,17 @@ Like the other passes, the edit is made on the protobuf bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.model import onnx_proto as proto
 from engine.model.graph_passes import KERNEL_DOMAIN, _node_parts, _parse, _with_graph
 from engine.model.onnx_scan import _Reader, _scan_value_info
 
-#: The engine kernel's GroupQueryAttention over a float16 cache.
+#: The engine kernel's GroupQueryAttention over a float16 cache, and over an int8 one.
 F16_OP = "GroupQueryAttentionF16KV"
+I8_OP = "GroupQueryAttentionI8KV"
+#: An int8 cache row's scale: a float32 after the row's values.
+I8_SCALE_BYTES = 4
 #: Ops that may read a past input besides attention: they do not look at its values.
 _TYPE_BLIND = frozenset({"Shape"})
 
@@ -30,6 +41,14 @@ _TYPE_BLIND = frozenset({"Shape"})
 def half_kv(data: bytes) -> tuple[bytes | None, str | None]:
     """`data` (its attention already moved to the engine's kernel) with float16 past and
     present tensors, or (None, why the KV stays float32)."""
+    return cache_kv(data, "float16", {})
+
+
+def cache_kv(data: bytes, element: str, head_dims: dict[str, int]
+             ) -> tuple[bytes | None, str | None]:
+    """`half_kv` for `element` "float16" or "int8"; int8 needs each past and present
+    tensor's head size (`head_dims`, by name) for its rows' new length."""
+    op, elem = (I8_OP, proto.INT8) if element == "int8" else (F16_OP, proto.FLOAT16)
     parsed = _parse(data)
     if parsed is None:
         return None, "the graph could not be read"
@@ -68,21 +87,24 @@ def half_kv(data: bytes) -> tuple[bytes | None, str | None]:
         return None, "a past KV input is not a float32 graph input"
     if any(types.get((12, name)) != proto.FLOAT for name in presents):
         return None, "a present KV output is not a float32 graph output"
-    for op, inputs in others:
-        if op not in _TYPE_BLIND and caches.intersection(inputs):
-            return None, f"a {op} node reads the past KV"
+    for other, inputs in others:
+        if other not in _TYPE_BLIND and caches.intersection(inputs):
+            return None, f"a {other} node reads the past KV"
         if presents.intersection(inputs):
-            return None, f"a {op} node reads the present KV"
+            return None, f"a {other} node reads the present KV"
+    if elem == proto.INT8 and any(name not in head_dims for name in caches | presents):
+        return None, "a KV tensor's head size is not known"
     out = bytearray()
     r = _Reader(view, g0, g1)
     starts = {s for s, _ in attention}
     for number, wire, value in r.fields():
         raw = view[r.field_start:r.pos]
         if number == 1 and wire == 2 and r.field_start in starts:
-            out += proto._bytes(1, _renamed_op(view, value, F16_OP))
+            out += proto._bytes(1, _renamed_op(view, value, op))
         elif number in (11, 12, 13) and wire == 2 and \
-                _scan_value_info(r.sub(value)).name in (caches | presents):
-            out += proto._bytes(number, _float16_info(view, value))
+                (name := _scan_value_info(r.sub(value)).name) in (caches | presents):
+            row = head_dims[name] + I8_SCALE_BYTES if elem == proto.INT8 else None
+            out += proto._bytes(number, _cache_info(view, value, elem, row))
         else:
             out += raw
     return _with_graph(view, bytes(out)), None
@@ -98,20 +120,42 @@ def _renamed_op(view: memoryview, span: tuple[int, int], op_type: str) -> bytes:
     return bytes(out)
 
 
-def _float16_info(view: memoryview, span: tuple[int, int]) -> bytes:
-    """A ValueInfoProto's bytes with its tensor's element type FLOAT16, the rest as it was."""
-    def rewrite(span: tuple[int, int], path: tuple[int, ...]) -> bytes:
+def _cache_info(view: memoryview, span: tuple[int, int], elem: int, last: int | None) -> bytes:
+    """A ValueInfoProto's bytes with its tensor's element type `elem` and, where `last` is
+    given, its last dimension that many, the rest as it was."""
+    def shape(span: tuple[int, int]) -> bytes:
+        body = _Reader(view, *span)
+        dims = [(body.field_start, body.pos) for number, wire, _ in body.fields()
+                if (number, wire) == (1, 2)]
+        out = bytearray()
+        body = _Reader(view, *span)
+        for _number, _wire, _ in body.fields():
+            raw = view[body.field_start:body.pos]
+            out += proto._bytes(1, proto._int(1, last)) if last is not None and dims and \
+                (body.field_start, body.pos) == dims[-1] else raw
+        return bytes(out)
+
+    def tensor_type(span: tuple[int, int]) -> bytes:
         body = _Reader(view, *span)
         out = bytearray()
         for number, wire, value in body.fields():
             raw = view[body.field_start:body.pos]
-            if not path and (number, wire) == (1, 0):
-                out += proto._int(1, proto.FLOAT16)  # TensorProto.elem_type
-            elif path and (number, wire) == (path[0], 2):
-                out += proto._bytes(number, rewrite(value, path[1:]))
+            if (number, wire) == (1, 0):
+                out += proto._int(1, elem)  # TensorProto.elem_type
+            elif (number, wire) == (2, 2):
+                out += proto._bytes(2, shape(value))  # TensorShapeProto
             else:
                 out += raw
         return bytes(out)
 
-    # ValueInfoProto.type (2) -> TypeProto.tensor_type (1) -> elem_type (1)
-    return rewrite(span, (2, 1))
+    def nested(span: tuple[int, int], field: int,
+               inner: Callable[[tuple[int, int]], bytes]) -> bytes:
+        body = _Reader(view, *span)
+        out = bytearray()
+        for number, wire, value in body.fields():
+            raw = view[body.field_start:body.pos]
+            out += proto._bytes(number, inner(value)) if (number, wire) == (field, 2) else raw
+        return bytes(out)
+
+    # ValueInfoProto.type (2) -> TypeProto.tensor_type (1) -> elem_type (1), shape (2)
+    return nested(span, 2, lambda v: nested(v, 1, tensor_type))

@@ -19,7 +19,7 @@ from engine.errors import InvalidOptionError, ModelLoadError, RuntimeSelectionEr
 from engine.kernels import KernelUse
 from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention_moves
 from engine.model.io_spec import IOSpec
-from engine.model.kv16_pass import half_kv
+from engine.model.kv16_pass import I8_SCALE_BYTES, cache_kv
 from engine.model.matmul_pass import own_matmul_moves
 
 log = logging.getLogger(__name__)
@@ -176,11 +176,12 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
     a host tensor, untried inside a captured CUDA graph)."""
     graph, spec, use = _pruned_graph(model_file, spec, config, provider, attention_nodes,
                                      matmul_nodes)
-    if config.kv_dtype == "float16" and spec.kv_pairs and use.kv_dtype != "float16":
+    asked = config.kv_dtype
+    if asked in ("float16", "int8") and spec.kv_pairs and use.kv_dtype != asked:
         raise InvalidOptionError(
-            "kv_dtype", f"a float16 KV cache cannot be kept for {model_file.parent.name}: "
-            f"{use.kv_reason}", hint="use kv_dtype 'auto' (--kv-dtype auto): float16 where it "
-            "applies, else the model's own")
+            "kv_dtype", f"a{'n' if asked == 'int8' else ''} {asked} KV cache cannot be kept "
+            f"for {model_file.parent.name}: {use.kv_reason}", hint="use kv_dtype 'auto' "
+            "(--kv-dtype auto): float16 where it applies, else the model's own")
     return graph, spec, use
 
 
@@ -228,22 +229,26 @@ def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider
 
 def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse
              ) -> tuple[bytes | None, IOSpec, str | None]:
-    """The graph and spec with a float16 KV cache (engine.model.kv16_pass), or as they
-    were and why not."""
+    """The graph and spec with a float16 (or, asked for, int8) KV cache
+    (engine.model.kv16_pass), or as they were and why not."""
     if not spec.kv_pairs or any(p.dtype != "float32" for p in spec.kv_pairs):
         return graph, spec, None
     if config.kv_dtype == "float32":
         return graph, spec, "kv_dtype float32 asked for"
     if graph is None or not use.moved:
         return graph, spec, "no attention node runs the engine's kernel"
-    if not kernels.f16kv_ready():
-        return graph, spec, "the kernels' library predates the float16-KV attention; " + \
+    element = "int8" if config.kv_dtype == "int8" else "float16"
+    if not (kernels.i8kv_ready() if element == "int8" else kernels.f16kv_ready()):
+        return graph, spec, f"the kernels' library predates the {element}-KV attention; " + \
             _REINSTALL_WORDS
-    halved, why = half_kv(graph)
-    if halved is None:
+    dims = {name: p.head_dim for p in spec.kv_pairs for name in (p.input, p.output)}
+    cached, why = cache_kv(graph, element, dims)
+    if cached is None:
         return graph, spec, why
-    pairs = tuple(dataclasses.replace(p, dtype="float16") for p in spec.kv_pairs)
-    return halved, dataclasses.replace(spec, kv_pairs=pairs), None
+    extra = I8_SCALE_BYTES if element == "int8" else 0
+    pairs = tuple(dataclasses.replace(p, dtype=element, head_dim=p.head_dim + extra)
+                  for p in spec.kv_pairs)
+    return cached, dataclasses.replace(spec, kv_pairs=pairs), None
 
 
 _REINSTALL_WORDS = "re-run the install to rebuild it"
@@ -254,7 +259,7 @@ def _with_kv(use: KernelUse, spec: IOSpec, why: str | None) -> KernelUse:
     if not spec.kv_pairs:
         return use
     dtype = spec.kv_pairs[0].dtype
-    return dataclasses.replace(use, kv_dtype=dtype, kv_reason=why if dtype != "float16"
+    return dataclasses.replace(use, kv_dtype=dtype, kv_reason=why if dtype == "float32"
                                else None)
 
 

@@ -98,5 +98,6 @@ def add_kv_dtype(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
                         help="the live KV cache's element type on the CPU: auto = float16 "
                              "where the engine's kernel runs attention (half the memory per "
-                             "token), else the model's own; float32 keeps a float32 export's "
-                             "(default auto)")
+                             "token), else the model's own; int8 a quarter of float32's "
+                             "memory (a scale per token and head); float32 keeps a float32 "
+                             "export's (default auto)")

@@ -45,16 +45,22 @@ CASES = {
 }
 
 
-def _model(case: dict) -> bytes:
+#: The cache's element: (operator, ONNX element type, extra bytes a row, numpy dtype).
+ELEMENTS = {"float16": (OP, TensorProto.FLOAT16, 0, np.float16),
+            "int8": ("GroupQueryAttentionI8KV", TensorProto.INT8, 4, np.int8)}
+
+
+def _model(case: dict, element: str = "float16") -> bytes:
+    op, elem, extra, _ = ELEMENTS[element]
     heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
     packed, rotary = case["packed"], case["rotary"]
     width = (heads + 2 * kv_heads) * head if packed else heads * head
     names = ["query", "" if packed else "key", "" if packed else "value", "past_key",
              "past_value", "seqlens_k", "total_sequence_length"]
-    cache: list[str | int] = ["b", kv_heads, "c", head]
+    cache: list[str | int] = ["b", kv_heads, "c", head + extra]
     inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", width]),
-              helper.make_tensor_value_info("past_key", TensorProto.FLOAT16, cache),
-              helper.make_tensor_value_info("past_value", TensorProto.FLOAT16, cache),
+              helper.make_tensor_value_info("past_key", elem, cache),
+              helper.make_tensor_value_info("past_value", elem, cache),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
               helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
     if not packed:
@@ -65,11 +71,11 @@ def _model(case: dict) -> bytes:
         inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["p", head // 2])
                    for n in ("cos_cache", "sin_cache")]
     node = helper.make_node(
-        OP, names, ["output", "present_key", "present_value"], domain=KERNEL_DOMAIN,
+        op, names, ["output", "present_key", "present_value"], domain=KERNEL_DOMAIN,
         num_heads=heads, kv_num_heads=kv_heads, scale=case["scale"], do_rotary=int(rotary),
         rotary_interleaved=int(case["interleaved"]))
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["b", "s", heads * head])]
-    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT16, ["b", kv_heads, "t", head])
+    outputs += [helper.make_tensor_value_info(n, elem, ["b", kv_heads, "t", head + extra])
                 for n in ("present_key", "present_value")]
     model = helper.make_model(
         helper.make_graph([node], "attention", inputs, outputs),
@@ -79,11 +85,12 @@ def _model(case: dict) -> bytes:
     return model.SerializeToString()
 
 
-def _session(case: dict, threads: int = 2) -> ort.InferenceSession:
+def _session(case: dict, threads: int = 2, element: str = "float16") -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.register_custom_ops_library(str(kernels.library()))
-    return ort.InferenceSession(_model(case), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(_model(case, element), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def _run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], *, shared: bool = True
@@ -96,9 +103,9 @@ def _run(session: ort.InferenceSession, feeds: dict[str, np.ndarray], *, shared:
         if name not in caches:
             binding.bind_cpu_input(name, value)
     for name, cache in caches.items():
-        binding.bind_input(name, "cpu", 0, np.float16, cache.shape, cache.ctypes.data)
+        binding.bind_input(name, "cpu", 0, cache.dtype, cache.shape, cache.ctypes.data)
         if shared:
-            binding.bind_output(name.replace("past", "present"), "cpu", 0, np.float16,
+            binding.bind_output(name.replace("past", "present"), "cpu", 0, cache.dtype,
                                 cache.shape, cache.ctypes.data)
         else:
             binding.bind_output(name.replace("past", "present"), "cpu")

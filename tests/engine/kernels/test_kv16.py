@@ -1,6 +1,7 @@
 """Float16 KV on the CPU (engine.model.kv16_pass): where the engine's kernel runs attention,
 the live cache, sessions, the prefix cache and the tiered store hold 16-bit keys and values,
-half the bytes of float32, and an answer is still the same whatever its path."""
+half the bytes of float32, and an answer is still the same whatever its path. Int8 KV
+(`kv_dtype="int8"`, a scale per token and KV head) goes through the same paths."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def test_a_shape_of_the_past_does_not_stop_the_pass():
 
 def test_the_kv_dtype_option_is_checked():
     with pytest.raises(InvalidOptionError, match="kv_dtype: expected one of auto, float16, "
-                                                 "float32, got 'bf16'"):
+                                                 "float32, int8, got 'bf16'"):
         EngineConfig(kv_dtype="bf16")
 
 
@@ -168,12 +169,16 @@ def test_float16_kv_answers_close_to_float32_kv(genai_model_dir):
         full.generate(_greedy(prompt, 24)).token_ids
 
 
+ELEMENTS = pytest.mark.parametrize("element", ["float16", "int8"])
+
+
 @built
-def test_float16_kv_gives_the_same_answer_on_every_path(genai_model_dir):
+@ELEMENTS
+def test_float16_kv_gives_the_same_answer_on_every_path(genai_model_dir, element):
     """Chunks of 1 / 7 / 64, a repeat from the prefix cache, a batch of four and prompt
     lookup: the same tokens and log-probabilities, bit for bit."""
-    engine = _load(genai_model_dir, max_batch=4)
-    assert engine.exact_paths and engine.spec.kv_pairs[0].dtype == "float16"
+    engine = _load(genai_model_dir, max_batch=4, kv_dtype=element)
+    assert engine.exact_paths and engine.spec.kv_pairs[0].dtype == element
     ids = [5 + (11 * i) % 53 for i in range(150)]
     last = {}
     for size in (1, 7, 64, len(ids)):
@@ -213,10 +218,11 @@ def test_float16_kv_gives_the_same_answer_on_every_path(genai_model_dir):
 
 
 @built
-def test_sessions_and_forks_keep_float16_kv(genai_model_dir):
+@ELEMENTS
+def test_sessions_and_forks_keep_float16_kv(genai_model_dir, element):
     """A session's next request and its fork's reuse the kept float16 KV and answer as a
     cold engine does for the whole history."""
-    engine = _load(genai_model_dir)
+    engine = _load(genai_model_dir, kv_dtype=element)
     sid = engine.create_session()
     history = (5, 9, 13, 17, 21) * 8
     answer = engine.generate_in_session(sid, _greedy(history, 8)).token_ids
@@ -225,10 +231,10 @@ def test_sessions_and_forks_keep_float16_kv(genai_model_dir):
     a = engine.generate_in_session(sid, _greedy(follow, 8))
     b = engine.generate_in_session(fork, _greedy(follow, 8))
     assert a.prefix_cache_hit_len > len(history) and b.prefix_cache_hit_len > len(history)
-    cold = _load(genai_model_dir, prefix_cache=False)
+    cold = _load(genai_model_dir, prefix_cache=False, kv_dtype=element)
     whole = cold.generate(_greedy(history + tuple(answer) + follow, 8))
     assert a.token_ids == b.token_ids == whole.token_ids
-    assert {r.dtype.name for r in engine.runner.export_kv(0, 8)} == {"float16"}
+    assert {r.dtype.name for r in engine.runner.export_kv(0, 8)} == {element}
 
 
 def _stored(folder: Path, store: Path, **config: Any) -> tuple[Any, Any]:
@@ -246,16 +252,17 @@ def _stored(folder: Path, store: Path, **config: Any) -> tuple[Any, Any]:
 
 
 @built
+@ELEMENTS
 def test_the_tiered_store_keeps_float16_chunks_and_never_mixes_in_float32_ones(
-        genai_model_dir, tmp_path):
+        genai_model_dir, tmp_path, element):
     store = tmp_path / "kv"
     old, _ = _stored(genai_model_dir, store, kv_dtype="float32")  # chunks of float32 KV
-    first, (stats, chunk) = _stored(genai_model_dir, store)
+    first, (stats, chunk) = _stored(genai_model_dir, store, kv_dtype=element)
     assert first.prefix_cache_hit_len == 0 and stats["disk_hits"] == 0  # not float32's
-    assert chunk is not None and {a.dtype.name for a in chunk} == {"float16"}
-    again, (stats, _) = _stored(genai_model_dir, store)  # a fresh engine: the disk only
+    assert chunk is not None and {a.dtype.name for a in chunk} == {element}
+    again, (stats, _) = _stored(genai_model_dir, store, kv_dtype=element)  # the disk only
     assert again.prefix_cache_hit_len == 48 and stats["disk_hits"] == 3
     assert again.token_ids == first.token_ids
-    cold = _load(genai_model_dir, prefix_cache=False)
+    cold = _load(genai_model_dir, prefix_cache=False, kv_dtype=element)
     assert cold.generate(_greedy(tuple(range(9, 59)), 12)).token_ids == first.token_ids
     assert old.token_ids  # float32's answer, from its own chunks

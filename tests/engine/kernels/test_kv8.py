@@ -1,0 +1,113 @@
+"""Int8 KV on the CPU (`kv_dtype="int8"`, engine.model.kv16_pass's `cache_kv`): each cache
+row holds a token's key or value for one KV head as int8 values and their float32 scale,
+about a quarter of float32's bytes. The paths float16 KV takes (every path's same answer,
+sessions, forks, the tiered store) are checked for int8 too in test_kv16.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
+from engine.errors import InvalidOptionError
+from engine.model.graph_passes import KERNEL_DOMAIN, own_attention
+from engine.model.kv16_pass import I8_OP, cache_kv
+from tests.forge import ForgeSpec, write_genai_model
+
+pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i8kv_ready(),
+                                reason="the engine's kernels were not built (no C compiler)")
+#: The most an int8 cache moved a forged model's logits from a float32 cache's, over the
+#: logits' largest magnitude (measured: 1.4e-2 on genai_model_dir, 200 + 40 tokens;
+#: float16: 6.2e-4).
+I8_DRIFT = 4e-2
+
+
+def _load(folder: Path, **config: Any) -> Engine:
+    return Engine.load(folder, EngineConfig(intra_op_threads=2, **config))
+
+
+def _greedy(ids: tuple[int, ...], n: int = 16) -> GenerateRequest:
+    return GenerateRequest(token_ids=ids, options=GenerateOptions(
+        max_new_tokens=n, temperature=0.0, stop_on_eos=False))
+
+
+def test_the_pass_makes_int8_rows_of_head_size_plus_a_scale(genai_model_dir, forge_spec):
+    moved = own_attention((genai_model_dir / "model.onnx").read_bytes())
+    assert moved is not None
+    names = [f"{d}.{i}.{k}" for d in ("past_key_values", "present") for i in range(2)
+             for k in ("key", "value")]
+    cached, why = cache_kv(moved, "int8", dict.fromkeys(names, forge_spec.hd))
+    assert why is None and cached is not None
+    model = onnx.load_from_string(cached)
+    kv = [v for v in (*model.graph.input, *model.graph.output)
+          if v.name.startswith(("past", "present"))]
+    assert len(kv) == 8
+    for value in kv:
+        assert value.type.tensor_type.elem_type == TensorProto.INT8
+        assert value.type.tensor_type.shape.dim[-1].dim_value == forge_spec.hd + 4
+    attention = [n for n in model.graph.node if "GroupQueryAttention" in n.op_type]
+    assert [(n.op_type, n.domain) for n in attention] == [(I8_OP, KERNEL_DOMAIN)] * 2
+    assert cache_kv(moved, "int8", {})[1] == "a KV tensor's head size is not known"
+
+
+def test_the_engine_keeps_int8_kv_at_about_a_quarter_of_float32s_bytes(genai_model_dir,
+                                                                       forge_spec):
+    small, full = _load(genai_model_dir, kv_dtype="int8"), _load(genai_model_dir,
+                                                                 kv_dtype="float32")
+    assert {p.dtype for p in small.spec.kv_pairs} == {"int8"}
+    head = forge_spec.hd
+    assert small.spec.kv_bytes_per_token * 4 * head == full.spec.kv_bytes_per_token * (head + 4)
+    kv = small.describe()["kv"]
+    assert isinstance(kv, dict) and kv["dtype"] == "int8"
+    assert small.kernel_use is not None and small.kernel_use.kv_line() == "KV cache int8"
+    small.generate(_greedy(tuple(range(5, 45)), 8))
+    assert {r.dtype.name for r in small.runner.export_kv(0, 8)} == {"int8"}
+
+
+def test_int8_asked_for_where_the_kernel_does_not_run_is_a_clear_error(optimum_model_dir):
+    with pytest.raises(InvalidOptionError, match="an int8 KV cache cannot be kept") as err:
+        _load(optimum_model_dir, kv_dtype="int8")
+    assert "auto" in (err.value.hint or "")
+
+
+def _steps(engine: Engine, ids: list[int], n: int) -> list[np.ndarray]:
+    runner = engine.runner
+    runner.reset()
+    out = [runner.forward(np.array(ids)).copy()]
+    for i in range(n):
+        out.append(runner.forward(np.array([(7 * i + 3) % 60 + 2])).copy())
+    return out
+
+
+def test_int8_kv_answers_close_to_float32_kv(genai_model_dir):
+    small, full = _load(genai_model_dir, kv_dtype="int8"), _load(genai_model_dir,
+                                                                 kv_dtype="float32")
+    ids = [5 + (11 * i) % 53 for i in range(200)]
+    pairs = list(zip(_steps(small, ids, 40), _steps(full, ids, 40), strict=True))
+    for a, b in pairs:
+        scale = max(float(np.abs(b).max()), 1.0)
+        assert float(np.abs(a - b).max()) <= I8_DRIFT * scale
+        assert int(a.argmax()) == int(b.argmax())
+    prompt = tuple(ids[:60])
+    assert small.generate(_greedy(prompt, 24)).token_ids == \
+        full.generate(_greedy(prompt, 24)).token_ids
+
+
+def test_int8_kv_is_shifted_when_the_oldest_part_of_a_prompt_is_left_out(tmp_path):
+    """Reuse by shifting reads the int8 keys as floats, rotates them and quantizes them
+    again: on one layer (a token's KV depends on its position alone) the answer is a cold
+    engine's."""
+    folder = write_genai_model(tmp_path / "one", ForgeSpec(layers=1, context=1024))
+    doc = [int(i) for i in np.random.default_rng(1).integers(9, 500, 720)]
+    warm = _load(folder, kv_dtype="int8")
+    warm.generate(_greedy(tuple(doc[:700])))
+    second = tuple(doc[:4] + doc[304:720])
+    result = warm.generate(_greedy(second))
+    assert result.prefix_cache_hit_len == 4 + 396 and warm.reuse.shifted_tokens > 0
+    cold = _load(folder, kv_dtype="int8", prefix_cache=False)
+    assert result.token_ids == cold.generate(_greedy(second)).token_ids
