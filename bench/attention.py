@@ -6,7 +6,9 @@ layer of the built-in model's shape (30 layers,
 present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 ``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
-``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
+``ours-i8``, ``ours-i8-avx2``: GroupQueryAttentionI8KV over an int8 cache (rows of
+int8 values and a scale); ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``:
+GroupQueryAttentionF16KV over a
 float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
 library at ``--base-library``, another build to compare with), at
 several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
@@ -40,11 +42,11 @@ from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
-MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16")
+MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
-def _graph(domain: str, capacity: int, new: int, f16: bool = False) -> bytes:
+def _graph(domain: str, capacity: int, new: int, f16: bool = False, i8: bool = False) -> bytes:
     from onnx import TensorProto, helper
 
     from engine.model.graph_passes import KERNEL_DOMAIN
@@ -56,11 +58,13 @@ def _graph(domain: str, capacity: int, new: int, f16: bool = False) -> bytes:
               helper.make_tensor_value_info("cos", TensorProto.FLOAT, [capacity, HEAD // 2]),
               helper.make_tensor_value_info("sin", TensorProto.FLOAT, [capacity, HEAD // 2])]
     nodes, outputs = [], []
-    cache = [1, KV_HEADS, capacity, HEAD]
-    kv_type = TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+    cache = [1, KV_HEADS, capacity, HEAD + (4 if i8 else 0)]
+    kv_type = TensorProto.INT8 if i8 else TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+    op = "GroupQueryAttentionI8KV" if i8 else "GroupQueryAttentionF16KV" if f16 else \
+        "GroupQueryAttention"
     for i in range(LAYERS):
         nodes.append(helper.make_node(
-            "GroupQueryAttentionF16KV" if f16 else "GroupQueryAttention",
+            op,
             ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total", "cos", "sin"],
             [f"o{i}", f"k{i}", f"v{i}"],
             domain=domain, num_heads=HEADS, kv_num_heads=KV_HEADS, do_rotary=1,
@@ -86,6 +90,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     from engine.model.graph_passes import KERNEL_DOMAIN
 
     f16 = arm.startswith("ours-f16") or arm == "base-f16"
+    i8 = arm.startswith("ours-i8")
     library = kernels.library()
     if arm != "ort" and library is None:
         raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
@@ -96,7 +101,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     if library is not None:
         options.register_custom_ops_library(str(library))
     session = ort.InferenceSession(
-        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new, f16), options,
+        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new, f16, i8), options,
         providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     binding = session.io_binding()
@@ -104,6 +109,9 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     for i in range(LAYERS):
         for kv in "kv":
             cache = rng.standard_normal((1, KV_HEADS, capacity, HEAD), dtype=np.float32)
+            if i8:
+                from engine.kv.quant import float_to_rows
+                cache = float_to_rows(cache)
             cache = cache.astype(np.float16) if f16 else cache
             keep.append(cache)
             binding.bind_input(f"p{kv}{i}", "cpu", 0, cache.dtype, cache.shape, cache.ctypes.data)
@@ -125,7 +133,8 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
         times.append(time.perf_counter() - start)
     times.sort()
     ms = times[len(times) // 2] * 1e3
-    read = LAYERS * 2 * KV_HEADS * length * HEAD * (2 if f16 else 4)  # cache bytes a step reads
+    row = HEAD + 4 if i8 else HEAD * (2 if f16 else 4)  # cache bytes a token's row
+    read = LAYERS * 2 * KV_HEADS * length * row  # cache bytes a step reads
     return {"arm": arm, "length": length, "new": new, "step_ms": ms, "best_ms": times[0] * 1e3,
             "gb_s": read / ms / 1e6}
 

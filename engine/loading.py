@@ -23,6 +23,7 @@ from engine.runtime.placement import Placement, plan_placement
 from engine.runtime.providers import (
     SessionInfo,
     available_providers,
+    kv_room,
     log_kernel_use,
     provider_from_env,
     pruned_graph,
@@ -64,7 +65,9 @@ def open_model(model_dir: str | Path, config: EngineConfig) -> OpenedModel:
     graph, spec, kernel_use = pruned_graph(
         model.model_file, spec, config, placement.provider,
         model.graph.op_counts.get("GroupQueryAttention", 0),
-        model.graph.op_counts.get("MatMulNBits", 0))
+        model.graph.op_counts.get("MatMulNBits", 0), kv_room=kv_room(
+            config, model.weights_bytes,
+            min(config.kv_max_len or model.context_length, model.context_length)))
     log_kernel_use(model.path.name, kernel_use)
     session, info, capture = open_session(model.model_file, config, placement,
                                           spec.decode_path, graph)

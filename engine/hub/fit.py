@@ -34,8 +34,14 @@ from engine.hub.bandwidth import ReadSpeed, rotary_bytes
 from engine.hub.remote import ModelShape
 from engine.memory.governor import governor_for
 from engine.memory.limits import TIER_LABELS, format_bytes, parse_limit
+from engine.model.kv16_pass import I8_SCALE_BYTES
 from engine.runtime.placement import plan_placement
-from engine.runtime.providers import available_providers, provider_from_env
+from engine.runtime.providers import (
+    available_providers,
+    int8_chosen,
+    kv_room,
+    provider_from_env,
+)
 
 FITS, SHORTER, TOO_BIG = "fits", "fits with a shorter context", "too big"
 SPEED_CONTEXT = 512
@@ -123,12 +129,20 @@ def engine_provider(config: EngineConfig, weights_bytes: int) -> str:
     return placement.provider if placement.provider != "auto" else "cpu"
 
 
-def engine_kv(shape: ModelShape, config: EngineConfig, provider: str) -> ModelShape:
+def engine_kv(shape: ModelShape, config: EngineConfig, provider: str,
+              weights_bytes: int = 0) -> ModelShape:
     """``shape`` with the KV the engine keeps: float16 on the CPU where its kernel runs
-    attention and ``config.kv_dtype`` allows (engine.model.kv16_pass), else as exported."""
+    attention and ``config.kv_dtype`` allows (engine.model.kv16_pass), int8 where asked
+    for or where a memory limit's room holds less than the context in float16 (the rule
+    the load follows: engine.runtime.providers.int8_chosen), else as exported."""
     if shape.kv_dtype_bytes == 4 and provider == "cpu" and config.kv_dtype != "float32" \
             and config.own_kernels and kernels.status().ready and kernels.f16kv_ready():
-        return dataclasses.replace(shape, kv_dtype_bytes=2)
+        half = dataclasses.replace(shape, kv_dtype_bytes=2)
+        context = min(shape.context, config.kv_max_len or shape.context)
+        if int8_chosen(config, kv_room(config, weights_bytes, context),
+                       half.kv_bytes_per_token):
+            return dataclasses.replace(shape, kv_dtype_bytes=1, kv_row_extra=I8_SCALE_BYTES)
+        return half
     return shape
 
 
@@ -141,7 +155,7 @@ def assess(weights_bytes: int, shape: ModelShape, config: EngineConfig | None = 
     config = config or EngineConfig()
     provider = provider or engine_provider(config, weights_bytes)
     context = min(shape.context, config.kv_max_len or shape.context)
-    shape = engine_kv(shape, config, provider)
+    shape = engine_kv(shape, config, provider, weights_bytes)
     per_token = shape.kv_bytes_per_token
     governor = governor_for(config, provider, max(per_token * config.kv_page_size, 1),
                             weights_bytes)

@@ -40,10 +40,13 @@ class ModelShape:
     #: keeps float32 KV in float16 on the CPU where its kernel applies (hub.fit.engine_kv).
     kv_dtype_bytes: int
     architecture: str = ""
+    #: Bytes a KV row holds besides its values: 4 for the engine's int8 rows (a scale).
+    kv_row_extra: int = 0
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        row = self.head_dim * self.kv_dtype_bytes + self.kv_row_extra
+        return 2 * self.layers * self.kv_heads * row
 
 
 @dataclass(frozen=True)

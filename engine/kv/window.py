@@ -25,7 +25,6 @@ therefore keep only ``exact_length`` rows of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,32 +34,10 @@ from engine.kv.quant import rows_shifted, value_dim
 from engine.model.io_spec import IOSpec
 from engine.model.model_dir import ModelDir
 from engine.model.rotary import KeyRotation, key_rotation
-from engine.runtime.runner import DecodeRunner
+from engine.runtime.runner import DecodeRunner, WindowSpec
 
 #: The sequence length a windowed runner accepts: a window has no end.
 UNBOUNDED = 1 << 40
-#: Tokens dropped at once: this share of the window.
-DROP_SHARE = 8
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    sinks: int
-    window: int
-
-    @property
-    def rows(self) -> int:
-        """The most KV rows the runner holds."""
-        return self.sinks + self.window
-
-    @property
-    def drop(self) -> int:
-        """Tokens that leave together when the rows are full."""
-        return max(1, self.window // DROP_SHARE)
-
-    def as_dict(self) -> dict[str, int]:
-        return {"attention_sinks": self.sinks, "sliding_window": self.window,
-                "drop": self.drop, "kv_rows": self.rows}
 
 
 def declared_window(model: ModelDir) -> WindowSpec | None:

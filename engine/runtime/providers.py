@@ -21,6 +21,7 @@ from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_atte
 from engine.model.io_spec import IOSpec
 from engine.model.kv16_pass import I8_SCALE_BYTES, cache_kv
 from engine.model.matmul_pass import own_matmul_moves
+from engine.sizes import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -163,19 +164,52 @@ def make_session(model_file: Path, config: EngineConfig, *, provider: str | None
     return session, SessionInfo(provider=short, threads=threads)
 
 
+@dataclass(frozen=True)
+class KVRoom:
+    """What a memory limit leaves for KV beside the weights, and the context it must hold."""
+
+    bytes: int
+    context: int
+
+
+def kv_room(config: EngineConfig, weights_bytes: int, context: int) -> KVRoom | None:
+    """What a memory limit set for host RAM leaves for the KV of a CPU model beside its
+    weights, and the context it is for (None without such a limit: "auto")."""
+    from engine.memory.governor import governor_for
+    from engine.sizes import parse_limit
+
+    if parse_limit(config.host_ram_limit, field="host_ram_limit").kind == "auto":
+        return None
+    budget = governor_for(config, "cpu", 1, weights_bytes).budget()
+    if budget is None or budget.kv_bytes is None:
+        return None
+    return KVRoom(budget.kv_bytes, context)
+
+
+def int8_chosen(config: EngineConfig, room: KVRoom | None, float16_per_token: int) -> bool:
+    """Whether the KV is int8: asked for, or "auto" under a memory limit whose room holds
+    less than the context in float16 (int8 holds about twice as many tokens)."""
+    if config.kv_dtype == "int8":
+        return True
+    return config.kv_dtype == "auto" and room is not None and kernels.i8kv_ready() and \
+        room.context * float16_per_token > room.bytes
+
+
 def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str,
-                 attention_nodes: int, matmul_nodes: int = 0
+                 attention_nodes: int, matmul_nodes: int = 0, kv_room: KVRoom | None = None
                  ) -> tuple[bytes | None, IOSpec, KernelUse]:
     """The model rewritten at load for the CPU (engine.model.graph_passes): a prefill
     computes the logits it needs only, GroupQueryAttention runs the engine's kernel
     (engine.kernels) where it was built, over a float16 KV cache where `config.kv_dtype`
     allows (engine.model.kv16_pass); with the spec that binds the new input and the KV's
     element type, and what became of the graph's `attention_nodes` GroupQueryAttention and
-    `matmul_nodes` MatMulNBits nodes (engine.model.matmul_pass). (None, spec, ...)
+    `matmul_nodes` MatMulNBits nodes (engine.model.matmul_pass); with `kv_dtype` "auto"
+    and a memory limit whose `kv_room` holds less than the context at float16, int8 KV.
+    (None, spec, ...)
     when both are off or do not apply, or when a GPU provider may run it (the new input is
     a host tensor, untried inside a captured CUDA graph)."""
     graph, spec, use = _pruned_graph(model_file, spec, config, provider, attention_nodes,
-                                     matmul_nodes)
+                                     matmul_nodes, kv_room)
     asked = config.kv_dtype
     if asked in ("float16", "int8") and spec.kv_pairs and use.kv_dtype != asked:
         raise InvalidOptionError(
@@ -186,7 +220,7 @@ def pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider:
 
 
 def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider: str,
-                  attention_nodes: int, matmul_nodes: int
+                  attention_nodes: int, matmul_nodes: int, kv_room: KVRoom | None
                   ) -> tuple[bytes | None, IOSpec, KernelUse]:
     status = kernels.status()
     names = choose_providers(provider, available_providers())
@@ -222,13 +256,13 @@ def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider
             nodes, kept = matmul_nodes, Counter({slow or _MATMUL_OFF: matmul_nodes})
         use = dataclasses.replace(use, matmul_nodes=nodes, matmul_kept=kept,
                                   matmul_moved=nodes - sum(kept.values()) if nodes else 0)
-        graph, spec, half = _half_kv(graph, spec, config, use)
+        graph, spec, half = _half_kv(graph, spec, config, use, kv_room)
         use = _with_kv(use, spec, half)
     return graph, spec, use
 
 
-def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse
-             ) -> tuple[bytes | None, IOSpec, str | None]:
+def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse,
+             kv_room: KVRoom | None = None) -> tuple[bytes | None, IOSpec, str | None]:
     """The graph and spec with a float16 (or, asked for, int8) KV cache
     (engine.model.kv16_pass), or as they were and why not."""
     if not spec.kv_pairs or any(p.dtype != "float32" for p in spec.kv_pairs):
@@ -237,7 +271,13 @@ def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: Kerne
         return graph, spec, "kv_dtype float32 asked for"
     if graph is None or not use.moved:
         return graph, spec, "no attention node runs the engine's kernel"
-    element = "int8" if config.kv_dtype == "int8" else "float16"
+    per_token = sum(p.num_heads * p.head_dim * 2 for p in spec.kv_pairs)  # in float16
+    element = "int8" if int8_chosen(config, kv_room, per_token) else "float16"
+    chosen = None
+    if element == "int8" and config.kv_dtype == "auto" and kv_room is not None:
+        chosen = (f"the memory limit leaves {format_bytes(kv_room.bytes)} for KV: "
+                  f"{kv_room.bytes // per_token} float16 tokens of the context's "
+                  f"{kv_room.context}")
     if not (kernels.i8kv_ready() if element == "int8" else kernels.f16kv_ready()):
         return graph, spec, f"the kernels' library predates the {element}-KV attention; " + \
             _REINSTALL_WORDS
@@ -248,7 +288,7 @@ def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: Kerne
     extra = I8_SCALE_BYTES if element == "int8" else 0
     pairs = tuple(dataclasses.replace(p, dtype=element, head_dim=p.head_dim + extra)
                   for p in spec.kv_pairs)
-    return cached, dataclasses.replace(spec, kv_pairs=pairs), None
+    return cached, dataclasses.replace(spec, kv_pairs=pairs), chosen
 
 
 _REINSTALL_WORDS = "re-run the install to rebuild it"
@@ -259,7 +299,7 @@ def _with_kv(use: KernelUse, spec: IOSpec, why: str | None) -> KernelUse:
     if not spec.kv_pairs:
         return use
     dtype = spec.kv_pairs[0].dtype
-    return dataclasses.replace(use, kv_dtype=dtype, kv_reason=why if dtype == "float32"
+    return dataclasses.replace(use, kv_dtype=dtype, kv_reason=why if dtype != "float16"
                                else None)
 
 

@@ -10,18 +10,40 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engine.errors import ContextOverflowError
 from engine.model.io_spec import IOSpec
 
-if TYPE_CHECKING:
-    from engine.kv.window import WindowSpec
-
 #: KV buffers grow in steps of this many tokens (never the whole context up front).
 GROW_STEP = 64
+#: A sliding window drops this share of its tokens at once (engine.kv.window).
+DROP_SHARE = 8
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A declared sliding window (engine.kv.window): the first `sinks` tokens and at most
+    `window` recent ones keep their KV."""
+
+    sinks: int
+    window: int
+
+    @property
+    def rows(self) -> int:
+        """The most KV rows the runner holds."""
+        return self.sinks + self.window
+
+    @property
+    def drop(self) -> int:
+        """Tokens that leave together when the rows are full."""
+        return max(1, self.window // DROP_SHARE)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"attention_sinks": self.sinks, "sliding_window": self.window,
+                "drop": self.drop, "kv_rows": self.rows}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context
 #: Bytes of a KV value as the engine keeps it on the CPU (engine.hub.fit.engine_kv).
 KV_VALUE = 2 if kernels.library() is not None and kernels.f16kv_ready() else 4
 PAGE = 32 * 4 * 1024 * KV_VALUE  # the default 32-token page
+#: Under a limit too small for the context in float16 the engine keeps int8 KV: rows of 64
+#: values and a 4-byte scale, 4 x 8 x 68 x (K, V) = 4,352 bytes a token.
+INT8 = kernels.library() is not None and kernels.i8kv_ready() and KV_VALUE == 2
+I8_PAGE = 32 * 4 * 8 * 68 * 2
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +69,32 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
     assert budget is not None and budget.refusal is None
     assert budget.kv_tokens is not None and budget.kv_tokens >= engine.context_length
 
-    # fits with a shorter context: 10 MiB and half a page of KV room -> 20 pages of 32
-    # float32 tokens = 640 (40 pages, 1280 tokens in float16)
-    short = _label(hub, _limit(weights, 10 * MIB + PAGE // 2))
-    assert short.label == SHORTER
-    assert short.text == f"fits with a shorter context ({short.kv_tokens} tokens)"
+    # 10 MiB and half a page of KV room: 20 pages of 32 float32 tokens = 640 (40 pages,
+    # 1280 tokens in float16); where the engine can, it keeps int8 KV then, which holds
+    # the whole context
+    ten = _label(hub, _limit(weights, 10 * MIB + PAGE // 2))
     engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 10 * MIB
                                                                      + PAGE // 2),
                                               intra_op_threads=1))
     budget = engine.governor.budget()
-    assert budget is not None and budget.refusal is None
-    assert budget.kv_tokens == short.kv_tokens == 640 * 4 // KV_VALUE < engine.context_length
+    assert budget is not None and budget.refusal is None and budget.kv_tokens is not None
+    if INT8:
+        assert ten.label == FITS and ten.kv_bytes_per_token == I8_PAGE // 32
+        assert engine.spec.kv_pairs[0].dtype == "int8"
+        assert engine.spec.kv_bytes_per_token == ten.kv_bytes_per_token
+        assert budget.kv_tokens >= engine.context_length
+        extra = 5 * MIB + I8_PAGE // 2  # fits with a shorter context: 38 int8 pages
+        short = _label(hub, _limit(weights, extra))
+        engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, extra),
+                                                  intra_op_threads=1))
+        budget = engine.governor.budget()
+        assert budget is not None and budget.refusal is None
+        want = (5 * MIB + I8_PAGE // 2) // I8_PAGE * 32
+    else:
+        short, want = ten, 640 * 4 // KV_VALUE
+    assert short.label == SHORTER
+    assert short.text == f"fits with a shorter context ({short.kv_tokens} tokens)"
+    assert budget.kv_tokens == short.kv_tokens == want < engine.context_length
 
     # too big: the weights alone are over the limit, and the governor refuses with the
     # same figures
@@ -83,7 +102,7 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
     assert big.label == TOO_BIG and big.refusal is not None
     with pytest.raises(ResourceLimitError) as err:
         Engine.load(folder, EngineConfig(host_ram_limit="4MiB", intra_op_threads=1))
-    for figure in ("under the host RAM limit of 4MiB", format_bytes(PAGE),
+    for figure in ("under the host RAM limit of 4MiB", format_bytes(I8_PAGE if INT8 else PAGE),
                    "raise --host-ram-limit to at least"):
         assert figure in big.refusal and figure in str(err.value)
     assert "4MiB" in big.details() and big.text == "too big"

@@ -111,3 +111,26 @@ def test_int8_kv_is_shifted_when_the_oldest_part_of_a_prompt_is_left_out(tmp_pat
     assert result.prefix_cache_hit_len == 4 + 396 and warm.reuse.shifted_tokens > 0
     cold = _load(folder, kv_dtype="int8", prefix_cache=False)
     assert result.token_ids == cold.generate(_greedy(second)).token_ids
+
+
+def test_under_a_limit_that_cannot_hold_the_context_in_float16_the_kv_is_int8(
+        genai_model_dir):
+    """kv_dtype "auto" with a host RAM limit: float16 where the limit's room beside the
+    weights holds the whole context in float16, else int8 (about twice the tokens), with
+    the reason; asked for float16, float16 whatever the limit."""
+    from engine.model.model_dir import load_model_dir
+
+    weights = load_model_dir(genai_model_dir).weights_bytes // 1024 + 1  # KiB, rounded up
+    roomy = _load(genai_model_dir, host_ram_limit=f"{weights + 100}KiB")
+    assert roomy.spec.kv_pairs[0].dtype == "float16"  # 256 tokens x 256 bytes fit
+    tight = _load(genai_model_dir, host_ram_limit=f"{weights + 50}KiB")
+    assert tight.spec.kv_pairs[0].dtype == "int8"  # 64 KiB do not; 40 KiB of int8 do
+    assert tight.kernel_use is not None
+    line = tight.kernel_use.kv_line() or ""
+    assert line.startswith("KV cache int8 (the memory limit leaves 50") and \
+        line.endswith("float16 tokens of the context's 256)"), line
+    budget = tight.governor.budget()
+    assert budget is not None and budget.kv_tokens is not None
+    assert budget.kv_tokens >= tight.context_length
+    asked = _load(genai_model_dir, host_ram_limit=f"{weights + 50}KiB", kv_dtype="float16")
+    assert asked.spec.kv_pairs[0].dtype == "float16"
