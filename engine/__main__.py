@@ -86,9 +86,10 @@ def _build_parser() -> argparse.ArgumentParser:
                      "text, faster where the text repeats; auto: prompt lookup where the "
                      "engine's kernels keep the text exactly the same (docs/speculative.md) "
                      "(default auto)")
-    from engine.server.cli import add_fixed_threads, add_kv_dtype
+    from engine.server.cli import add_context_shift, add_fixed_threads, add_kv_dtype
 
     add_kv_dtype(gen)
+    add_context_shift(gen)
     add_fixed_threads(gen)
     gen.add_argument("--draft-model", metavar="FOLDER",
                      help="draft model folder for --speculative draft_model (default: none)")
@@ -172,7 +173,8 @@ def _generate(args: argparse.Namespace) -> int:
     engine = Engine.load(args.model, EngineConfig(
         provider=args.provider, intra_op_threads=args.threads, vram_limit=args.vram_limit,
         host_ram_limit=args.host_ram_limit, draft_model=args.draft_model,
-        kv_dtype=args.kv_dtype, adaptive_threads=not args.fixed_threads))
+        kv_dtype=args.kv_dtype, adaptive_threads=not args.fixed_threads,
+        context_shift=args.context_shift))
     result = None
     for event in engine.stream(request):
         if args.stream and event.text and not args.json:

@@ -213,6 +213,12 @@ class EngineConfig:
     #: 8x this, runs of an eighth of it, at least 64); 0 = off (every token after the
     #: common prefix is recomputed: answers exactly as without a cache).
     cache_reuse: int = 256
+    #: Context shift (llama.cpp's --context-shift): N > 0 keeps the first N tokens and, when
+    #: a sequence fills the context, drops the oldest tokens after them an eighth of the
+    #: context at a time, the kept keys re-rotated (engine.kv.window), so prompts and
+    #: answers run past the context; 0 = off (a full context ends the answer, ``length``).
+    #: Models whose metadata declares a sliding window keep theirs.
+    context_shift: int = 0
     #: Tokens per KV page (the granularity of prefix reuse).
     kv_page_size: int = 32
     #: Bytes the page pool (prefix cache + sessions' KV) may hold.
@@ -286,6 +292,8 @@ class EngineConfig:
         _check_int("cache_reuse", self.cache_reuse, minimum=0,
                    hint="e.g. 256 (tokens), or 0 to turn reuse by shifting off")
         _check_int("max_batch", self.max_batch, minimum=1, hint="e.g. 4")
+        _check_int("context_shift", self.context_shift, minimum=0,
+                   hint="e.g. 4 (the first tokens kept), or 0 to end answers at the context")
         parse_limit(self.vram_limit, field="vram_limit")
         parse_limit(self.host_ram_limit, field="host_ram_limit")
         if self.disk_limit is not None:

@@ -105,7 +105,8 @@ class Engine:
         self.kernel_use: KernelUse | None = None
         self._huge_pages: BackgroundAdvice | None = None  # the collapse after a load, CPU
         self.cpu_share: cpu_share.CpuShare | None = None  # the kernels' threads, busy CPU
-        self._new_runner = windowed(model, spec, self.context_length, lambda rows: runner_factory(
+        self._new_runner = windowed(model, spec, self.context_length, config.context_shift,
+                                    lambda rows: runner_factory(
             session, spec, rows, config.max_batch,
             device_options(config.device_kv, session_info.provider, spec.decode_path,
                            graph_capture),

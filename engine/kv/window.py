@@ -13,6 +13,10 @@ once (W / 8: each token sees between 7/8 W and W recent tokens) and the kept one
 down, their keys re-rotated to their new positions (`engine.model.rotary`), so positions
 stay below S + W and the model never meets a position it was not trained on.
 
+`EngineConfig(context_shift=N)` (`--context-shift N`) gives any model whose keys the engine
+can re-rotate the same cache over its whole context: the first N tokens and the rest of
+the context, llama.cpp's context shift.
+
 Where tokens leave depends only on their index in the sequence: prefill chunks are split at
 those points, a verify pass never crosses one. So a sequence gets the same cache, and the
 same answer, whether it came in one prompt, in chunks, or turn by turn in a session. What
@@ -68,11 +72,19 @@ def declared_window(model: ModelDir) -> WindowSpec | None:
     return spec
 
 
-def windowed(model: ModelDir, spec: IOSpec, context: int,
+def windowed(model: ModelDir, spec: IOSpec, context: int, shift: int,
              factory: Callable[[int], Callable[[], DecodeRunner]]) -> Callable[[], DecodeRunner]:
     """`factory(context)`, a maker of runners of that many rows; where the model declares a
-    window, runners of the window's rows, each wrapped in a WindowedRunner."""
+    window, or a context shift keeping `shift` tokens is asked for (the window then the
+    rest of the context), runners of the window's rows, each wrapped in a WindowedRunner."""
     window = declared_window(model)
+    what = "declares a sliding window"
+    if window is None and shift > 0:
+        if shift > context // 2:
+            raise ModelLoadError(f"context_shift keeps {shift} tokens of a {context}-token "
+                                 "context: at most half of it",
+                                 hint="e.g. --context-shift 4")
+        window, what = WindowSpec(shift, context - shift), "was asked to shift its context"
     if window is None:
         return factory(context)
     if window.rows > context:
@@ -81,16 +93,17 @@ def windowed(model: ModelDir, spec: IOSpec, context: int,
             f"to {context}", hint="raise kv_max_len, or lower the model's sliding_window")
     keys = [value_dim(p.head_dim, p.dtype) for p in spec.kv_pairs if p.kind == "key"]
     if not keys or len(keys) == len(spec.kv_pairs):
-        raise ModelLoadError(f"{model.path} declares a sliding window, but its graph's KV "
+        raise ModelLoadError(f"{model.path} {what}, but its graph's KV "
                              "inputs do not tell keys from values",
                              hint="name them past_key_values.N.key / .value")
     found = key_rotation(model.model_file, model.path / "config.json", window.rows, min(keys))
     if found.rotation is None:
         raise ModelLoadError(
-            f"{model.path} declares a sliding window, but the engine cannot move its keys to "
+            f"{model.path} {what}, but the engine cannot move its keys to "
             f"new positions: {found.reason}",
             hint="the window needs rotary position embeddings it can read (the graph's "
-                 "cos/sin tables, or config.json's rope_theta); remove sliding_window")
+                 "cos/sin tables, or config.json's rope_theta); remove sliding_window, or "
+                 "leave --context-shift at 0")
     rotation, make = found.rotation, factory(window.rows)
     return lambda: WindowedRunner(make(), window, rotation)
 

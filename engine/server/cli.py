@@ -78,11 +78,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "under 8N tokens, at least 64) found at other positions of a new "
                           "prompt by shifting their KV (0 = off: recompute them)")
     add_kv_dtype(eng)
+    add_context_shift(eng)
     add_fixed_threads(eng)
     eng.add_argument("--kv-store-dir", type=Path,
                      help="where prompt KV is kept across restarts (default: the user cache)")
     eng.add_argument("--no-kv-store", action="store_true",
                      help="keep no prompt KV across requests on disk")
+
+
+def add_context_shift(parser: argparse._ActionsContainer) -> None:
+    """`--context-shift N`, for `generate` and `serve` (EngineConfig.context_shift)."""
+    parser.add_argument("--context-shift", type=int, default=0, metavar="N",
+                        help="when a sequence fills the context, keep its first N tokens and "
+                             "drop the oldest after them (an eighth of the context at a time, "
+                             "kept keys re-rotated) instead of ending the answer "
+                             "(default 0: off)")
 
 
 def add_fixed_threads(parser: argparse._ActionsContainer) -> None:

@@ -54,7 +54,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           kv_max_len=args.kv_max_len, vram_limit=args.vram_limit,
                           host_ram_limit=args.host_ram_limit, spin_duration_us=args.spin_us,
                           kv_store=store, cache_reuse=args.cache_reuse,
-                          kv_dtype=args.kv_dtype, adaptive_threads=not args.fixed_threads)
+                          kv_dtype=args.kv_dtype, adaptive_threads=not args.fixed_threads,
+                          context_shift=args.context_shift)
     model = args.model
     if model is None and not args.models_dir and not args.no_default_model:
         model = default_model_dir()  # a fresh install answers at once (None: not installed)

@@ -75,7 +75,7 @@ def test_a_declared_window_answers_past_the_models_context_in_bounded_memory(win
                       "drop": WINDOW // 8, "kv_rows": ROWS}
     result = engine.generate(GenerateRequest(token_ids=tuple(PROMPT), options=_opts(60)))
     assert len(PROMPT) + 60 > CONTEXT  # the sequence outgrew the model's positions
-    assert result.finish_reason != "length" and len(result.token_ids) == 60
+    assert result.finish_reason.kind != "length" and len(result.token_ids) == 60
     held = engine.runner.kv_runner
     assert held.length <= ROWS
     assert engine.runner.length == len(PROMPT) + 59  # the last token is never fed
@@ -193,3 +193,30 @@ def test_windowed_requests_preempted_and_run_together_match_their_solo_answers(w
     _drain(scheduler)
     assert scheduler.preempted_total == 1
     assert [s.result.token_ids for s in (*low, urgent)] == expected
+
+
+def test_a_context_shift_lets_any_rotary_model_answer_past_its_context(tmp_path):
+    """`context_shift=N`: the model's own context becomes the window (N first tokens kept);
+    within the context the answer is the model's without it."""
+    folder, _ = _forge(tmp_path, "genai", 2)
+    plain = _load(folder, prefix_cache=False)
+    shifted = _load(folder, prefix_cache=False, context_shift=4)
+    runner = shifted.runner
+    assert isinstance(runner, WindowedRunner) and runner.window is not None
+    assert (runner.window.sinks, runner.window.rows) == (4, CONTEXT)
+    short = PROMPT[:100]
+    assert _answer(shifted, short) == _answer(plain, short) and runner.drops == 0
+    ended = plain.generate(GenerateRequest(token_ids=tuple(PROMPT[:200]),
+                                           options=_opts(100)))
+    assert ended.finish_reason.kind == "length" and len(ended.token_ids) < 100  # the context
+    longer = shifted.generate(GenerateRequest(token_ids=tuple(PROMPT[:200]),
+                                              options=_opts(100)))
+    assert len(longer.token_ids) == 100 and runner.drops > 0
+    assert longer.token_ids[:len(ended.token_ids)] == ended.token_ids  # the same up to it
+
+
+def test_a_context_shift_keeping_more_than_half_the_context_is_refused(tmp_path):
+    folder, _ = _forge(tmp_path, "genai", 1)
+    with pytest.raises(ModelLoadError, match="at most half") as err:
+        _load(folder, context_shift=200)
+    assert "--context-shift" in (err.value.hint or "")
