@@ -150,7 +150,7 @@ def main() -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--new", type=int, default=48)
-    p.add_argument("--kv-dtype", choices=("auto", "float16", "float32"), default="auto",
+    p.add_argument("--kv-dtype", choices=("auto", "float16", "float32", "int8"), default="auto",
                    help="the KV cache's element type (EngineConfig.kv_dtype; default auto: "
                         "float16 where the engine's kernel runs attention)")
     args = p.parse_args()
