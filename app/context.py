@@ -54,7 +54,7 @@ class AppContext(QObject):
                                      str(self.paths.models_dir), str(builtin)]))
         return WorkerOptions(model=model, models_dirs=roots, provider=s.provider, port=s.port,
                              api_key=s.api_key or None, threads=s.threads,
-                             threads_stay_awake=s.threads_stay_awake,
+                             threads_stay_awake=s.threads_stay_awake, kv_dtype=s.kv_dtype,
                              host_ram_limit=s.host_ram_limit, vram_limit=s.vram_limit,
                              admin_token_file=str(self.paths.admin_token_file),
                              presets=str(self.paths.config_dir / "presets.json"))

@@ -49,6 +49,8 @@ class WorkerOptions:
     threads: int = 0
     #: False: the worker's threads never spin (`--spin-us 0`), for an always-busy machine
     threads_stay_awake: bool = True
+    #: the KV's element type (`--kv-dtype`): auto, float16 or int8
+    kv_dtype: str = "auto"
     host_ram_limit: str = "auto"
     vram_limit: str = "auto"
     admin_token_file: str | None = None
@@ -70,6 +72,8 @@ class WorkerOptions:
             args += ["--threads", str(self.threads)]
         if not self.threads_stay_awake:
             args += ["--spin-us", "0"]
+        if self.kv_dtype != "auto":
+            args += ["--kv-dtype", self.kv_dtype]
         if self.admin_token_file:
             args += ["--admin-token-file", self.admin_token_file]
         if self.kv_store_dir:

@@ -31,6 +31,9 @@ from engine import installed_ort_variants
 RESTARTING = "Restarting the worker with the new settings…"
 PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU",
                    "cuda": "CUDA (NVIDIA GPU)", "dml": "DirectML (Windows GPU)"}
+#: The worker's --kv-dtype choices (app.settings.KV_CHOICES), as the view names them.
+KV_LABELS = {"auto": "Automatic (16-bit; 8-bit when memory is tight)",
+             "float16": "16-bit", "int8": "8-bit (a quarter of 32-bit's memory)"}
 
 
 def provider_availability() -> dict[str, str | None]:
@@ -116,6 +119,15 @@ class SettingsView(QWidget):
             "(1.2-1.7x faster answers on a quiet computer; no CPU used once an "
             "answer is done).\nOff: may be faster when other programs keep every core "
             "busy all the time.")
+        self.kv_dtype = named(QComboBox(), "kvDtype")
+        for key, label in KV_LABELS.items():
+            self.kv_dtype.addItem(label, key)
+        self.kv_dtype.setToolTip(
+            "How the model keeps what a conversation has said so far (its KV cache).\n"
+            "16-bit: half the memory of 32-bit; the same answers every time.\n8-bit: about "
+            "a quarter of it, for long conversations on small computers; answers may "
+            "differ a little from 16-bit's.\nAutomatic: 16-bit, or 8-bit when the memory "
+            "limit cannot hold the model's whole context in 16-bit.")
         self.api_key = named(QLineEdit(), "apiKey")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.api_key.setPlaceholderText("none: only programs on this computer can connect")
@@ -123,6 +135,7 @@ class SettingsView(QWidget):
         form.addRow("Port", self.port)
         form.addRow("CPU threads", self.threads)
         form.addRow("", self.stay_awake)
+        form.addRow("Conversation memory", self.kv_dtype)
         form.addRow("API key for editors", self.api_key)
         return box
 
@@ -165,6 +178,7 @@ class SettingsView(QWidget):
         self.port.setValue(s.port)
         self.threads.setValue(s.threads)
         self.stay_awake.setChecked(s.threads_stay_awake)
+        self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(s.kv_dtype)))
         self.api_key.setText(s.api_key)
         self.remote_url.setText(s.remote_url)
 
@@ -178,6 +192,7 @@ class SettingsView(QWidget):
         s.set_value("worker/port", self.port.value())
         s.set_value("worker/threads", self.threads.value())
         s.set_value("worker/threads_stay_awake", self.stay_awake.isChecked())
+        s.set_value("worker/kv_dtype", self.kv_dtype.currentData())
         s.set_value("worker/api_key", self.api_key.text().strip())
         s.set_value("worker/remote_url", url)
         self.restart()

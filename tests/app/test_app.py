@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QDialog
 from app.context import AppContext
 from app.store import ChatStore
 from app.views.main_window import VIEWS, MainWindow
+from engine import kernels
 from tests.app.conftest import TINY, answers_of
 from tests.engine.server.live import SLOW_SPEC, write_model
 
@@ -201,6 +202,34 @@ def test_unticking_keep_threads_awake_restarts_the_worker_without_spinning(qtbot
     # where the worker's log is, to attach to a bug report (the restarted worker's)
     assert worker.info is not None and worker.info.log_file
     assert settings_view.worker_log.text() == worker.info.log_file
+
+
+@pytest.mark.skipif(kernels.library() is None or not kernels.i8kv_ready(),
+                    reason="the engine's kernels were not built")
+def test_choosing_8_bit_conversation_memory_restarts_the_worker_with_int8_kv(qtbot, window,
+                                                                             models_root):
+    import json
+    import urllib.request
+
+    import psutil
+
+    start(qtbot, window, str(models_root / TINY))
+    settings_view = window.show_view("settings")
+    assert settings_view.kv_dtype.currentData() == "auto"
+    settings_view.kv_dtype.setCurrentIndex(settings_view.kv_dtype.findData("int8"))
+    with qtbot.waitSignal(window.ctx.model_changed, timeout=30_000,
+                          check_params_cb=lambda card: card is not None):
+        settings_view.apply_button.click()
+    worker = window.ctx.worker
+    assert worker is not None and worker.pid is not None and worker.info is not None
+    cmdline = psutil.Process(worker.pid).cmdline()
+    assert cmdline[cmdline.index("--kv-dtype") + 1] == "int8"
+    assert window.ctx.settings.kv_dtype == "int8"
+    request = urllib.request.Request(worker.info.url + "/v1/resources", headers={
+        "Authorization": f"Bearer {worker.info.admin_token}"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        kv = json.loads(reply.read())["kv"]
+    assert kv["dtype"] == "int8"
 
 
 def test_window_size_view_and_panel_come_back_as_left(qtbot, paths):
