@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -259,13 +260,15 @@ def test_the_cache_holds_the_new_keys_and_values_rounded_to_nearest_even():
     np.testing.assert_array_equal(value[0, :, 11:], 0)  # nothing written past the new token
 
 
-def _pieces(case: dict, sizes: list[int], past: int = 290, threads: int = 2
+def _pieces(case: dict, sizes: list[int], past: int = 290, threads: int = 2,
+            element: str = "float16", make_feeds: Any = _feeds
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One row's prompt of sum(sizes) new tokens after `past` cached ones, in runs of
     `sizes` tokens each (the cache carried between runs, as the engine's prefill chunks and
-    decode steps do): every token's output, and the caches."""
-    whole = _feeds(np.random.default_rng(7), case, [past], sum(sizes))
-    session = _session(case, threads)
+    decode steps do): every token's output, and the caches (`element`'s, the feeds from
+    `make_feeds`)."""
+    whole = make_feeds(np.random.default_rng(7), case, [past], sum(sizes))
+    session = _session(case, threads, element)
     caches = {n: whole[n] for n in ("past_key", "past_value")}
     outputs, done = [], 0
     for size in sizes:

@@ -23,6 +23,7 @@ import pytest
 from engine import kernels
 from engine.kv.quant import float_to_rows, rows_to_float
 from tests.engine.kernels.test_decode_attention_f16kv import CASES, _feeds, _new_kv, _rotate, _run
+from tests.engine.kernels.test_decode_attention_f16kv import _pieces as _pieces_of
 from tests.engine.kernels.test_decode_attention_f16kv import _session as _session_of
 
 pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i8kv_ready(),
@@ -114,23 +115,8 @@ def test_rows_of_zeros_and_of_one_large_value_quantize_as_the_engine_does():
     assert not value[0, :, 11:].any()  # nothing written past the new token
 
 
-def _pieces(case: dict, sizes: list[int], threads: int = 2, past: int = 290):
-    whole = _int8_feeds(np.random.default_rng(7), case, [past], sum(sizes))
-    session = _session(case, threads)
-    caches = {n: whole[n] for n in ("past_key", "past_value")}
-    outputs, done = [], 0
-    for size in sizes:
-        feeds = {name: value[:, done:done + size] for name, value in whole.items()
-                 if name in ("query", "key", "value")}
-        feeds.update(caches, seqlens_k=np.array([past + done + size - 1], np.int32),
-                     total_sequence_length=np.array(past + done + size, np.int32))
-        if case["rotary"]:
-            feeds.update(cos_cache=whole["cos_cache"], sin_cache=whole["sin_cache"])
-        out, key, value = _run(session, feeds)
-        caches = {"past_key": key, "past_value": value}
-        outputs.append(out)
-        done += size
-    return np.concatenate(outputs, axis=1), caches["past_key"], caches["past_value"]
+def _pieces(case: dict, sizes: list[int], threads: int = 2):
+    return _pieces_of(case, sizes, threads=threads, element="int8", make_feeds=_int8_feeds)
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())

@@ -17,6 +17,7 @@ from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest, kerne
 from engine.errors import InvalidOptionError
 from engine.model.graph_passes import KERNEL_DOMAIN, own_attention
 from engine.model.kv16_pass import I8_OP, cache_kv
+from tests.engine.kernels.test_kv16 import _steps
 from tests.forge import ForgeSpec, write_genai_model
 
 pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i8kv_ready(),
@@ -73,15 +74,6 @@ def test_int8_asked_for_where_the_kernel_does_not_run_is_a_clear_error(optimum_m
     with pytest.raises(InvalidOptionError, match="an int8 KV cache cannot be kept") as err:
         _load(optimum_model_dir, kv_dtype="int8")
     assert "auto" in (err.value.hint or "")
-
-
-def _steps(engine: Engine, ids: list[int], n: int) -> list[np.ndarray]:
-    runner = engine.runner
-    runner.reset()
-    out = [runner.forward(np.array(ids)).copy()]
-    for i in range(n):
-        out.append(runner.forward(np.array([(7 * i + 3) % 60 + 2])).copy())
-    return out
 
 
 def test_int8_kv_answers_close_to_float32_kv(genai_model_dir):
