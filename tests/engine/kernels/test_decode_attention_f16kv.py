@@ -187,8 +187,7 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, round_new: bool = Tr
     """The output (in float64) and the float16 caches the operator promises: the new keys
     and values rounded into the cache first (`round_new`; else the attention reads them
     unrounded, as ONNX Runtime's fp32 kernel does on the fallback's float32 copies)."""
-    heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
-    rows, new = feeds["query"].shape[:2]
+    rows = feeds["query"].shape[0]
     key, value, positions = _new_kv(case, feeds)
     caches = [feeds["past_key"].copy(), feeds["past_value"].copy()]
     exact = [feeds["past_key"].astype(np.float64), feeds["past_value"].astype(np.float64)]
@@ -197,6 +196,14 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, round_new: bool = Tr
             cache[r][:, positions[r]] = fresh[r].transpose(1, 0, 2).astype(np.float16)
             chosen = cache[r][:, positions[r]] if round_new else fresh[r].transpose(1, 0, 2)
             full[r][:, positions[r]] = chosen.astype(np.float64)
+    return _attention(case, feeds, exact, positions), caches[0], caches[1]
+
+
+def _attention(case: dict, feeds: dict[str, np.ndarray], exact: list[np.ndarray],
+               positions: list) -> np.ndarray:
+    """The output, in float64, of attention over the caches' values `exact` (float64)."""
+    heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
+    rows, new = feeds["query"].shape[:2]
     query = feeds["query"][..., :heads * head].reshape(rows, new, heads, head).astype(np.float64)
     scale = case["scale"] or head ** -0.5
     out = np.zeros((rows, new, heads, head))
@@ -213,7 +220,7 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, round_new: bool = Tr
                 scores = keys @ q[i, h] * scale
                 weights = np.exp(scores - scores.max())
                 out[r, i, h] = weights @ exact[1][r, h // group, :pos + 1] / weights.sum()
-    return out.reshape(rows, new, heads * head), caches[0], caches[1]
+    return out.reshape(rows, new, heads * head)
 
 
 def _check(case: dict, lengths: list[int], new: int, seed: int = 0) -> None:

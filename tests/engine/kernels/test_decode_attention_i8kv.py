@@ -22,7 +22,13 @@ import pytest
 
 from engine import kernels
 from engine.kv.quant import float_to_rows, rows_to_float
-from tests.engine.kernels.test_decode_attention_f16kv import CASES, _feeds, _new_kv, _rotate, _run
+from tests.engine.kernels.test_decode_attention_f16kv import (
+    CASES,
+    _attention,
+    _feeds,
+    _new_kv,
+    _run,
+)
 from tests.engine.kernels.test_decode_attention_f16kv import _pieces as _pieces_of
 from tests.engine.kernels.test_decode_attention_f16kv import _session as _session_of
 
@@ -47,8 +53,7 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, quantize_new: bool =
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The output (float64) and the int8 caches the operator promises (`quantize_new`:
     the attention reads the new rows quantized, else as computed: the fallback's)."""
-    heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
-    rows, new = feeds["query"].shape[:2]
+    rows = feeds["query"].shape[0]
     key, value, positions = _new_kv(case, feeds)
     caches = [feeds["past_key"].copy(), feeds["past_value"].copy()]
     exact = [rows_to_float(c).astype(np.float64) for c in caches]
@@ -58,22 +63,7 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, quantize_new: bool =
             chosen = rows_to_float(cache[r][:, positions[r]]) if quantize_new \
                 else fresh[r].transpose(1, 0, 2)
             full[r][:, positions[r]] = chosen.astype(np.float64)
-    query = feeds["query"][..., :heads * head].reshape(rows, new, heads, head).astype(np.float64)
-    scale = case["scale"] or head ** -0.5
-    out = np.zeros((rows, new, heads, head))
-    group = heads // kv_heads
-    for r in range(rows):
-        q = query[r]
-        if case["rotary"]:
-            cos = feeds["cos_cache"][positions[r]][:, None, :].astype(np.float64)
-            sin = feeds["sin_cache"][positions[r]][:, None, :].astype(np.float64)
-            q = _rotate(q, cos, sin, case["interleaved"])
-        for i, pos in enumerate(positions[r]):
-            for h in range(heads):
-                scores = exact[0][r, h // group, :pos + 1] @ q[i, h] * scale
-                weights = np.exp(scores - scores.max())
-                out[r, i, h] = weights @ exact[1][r, h // group, :pos + 1] / weights.sum()
-    return out.reshape(rows, new, heads * head), caches[0], caches[1]
+    return _attention(case, feeds, exact, positions), caches[0], caches[1]
 
 
 def _check(case: dict, lengths: list[int], new: int) -> None:
