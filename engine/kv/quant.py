@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.model.kv16_pass import I8_SCALE_BYTES
 
-__all__ = ["ROW_SCALE_BYTES", "QuantizedKV", "dequantize_int8", "float_to_rows",
+__all__ = ["QuantizedKV", "dequantize_int8", "float_to_rows",
            "quantization_error", "quantize_int8", "rows_shifted", "rows_to_float", "value_dim"]
 
 _QMAX = 127.0
@@ -117,20 +117,19 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
 
 # --- the live int8 cache's rows (engine.model.kv16_pass, engine/kernels) -------------------
 
-#: An int8 cache row: head_dim int8 values, then their scale as a float32.
-ROW_SCALE_BYTES = I8_SCALE_BYTES
+# An int8 cache row: head_dim int8 values, then their scale as a float32 (I8_SCALE_BYTES).
 
 
 def value_dim(head_dim: int, dtype: str) -> int:
     """The values a cache row of `head_dim` elements of `dtype` holds (int8: its scale's
     bytes less)."""
-    return head_dim - ROW_SCALE_BYTES if dtype == "int8" else head_dim
+    return head_dim - I8_SCALE_BYTES if dtype == "int8" else head_dim
 
 
 def rows_to_float(rows: np.ndarray) -> np.ndarray:
     """int8 cache rows `[..., head_dim + 4]` as float32 `[..., head_dim]`: q * scale, the
     kernel's one multiply."""
-    d = rows.shape[-1] - ROW_SCALE_BYTES
+    d = rows.shape[-1] - I8_SCALE_BYTES
     scales = np.ascontiguousarray(rows[..., d:]).view(np.float32)
     return rows[..., :d].astype(np.float32) * scales
 

@@ -36,7 +36,7 @@ import numpy as np
 from engine.errors import ModelLoadError
 from engine.kv.quant import rows_shifted, value_dim
 from engine.model.io_spec import IOSpec
-from engine.model.model_dir import ModelDir
+from engine.model.model_dir import METADATA_FILE, ModelDir
 from engine.model.rotary import KeyRotation, key_rotation
 from engine.runtime.runner import DecodeRunner, WindowSpec
 
@@ -50,7 +50,7 @@ def declared_window(model: ModelDir) -> WindowSpec | None:
     meta: Mapping[str, Any] = model.config if model.format == "metadata" else {}
     window = meta.get("sliding_window")
     sinks = meta.get("attention_sinks", meta.get("sink_tokens", 0))
-    where = f"{model.path / 'inference_metadata.yaml'}"
+    where = str(model.path / METADATA_FILE)
     if window is None:
         if sinks:
             raise ModelLoadError(f"{where} declares attention_sinks without sliding_window",
@@ -111,18 +111,18 @@ def windowed(model: ModelDir, spec: IOSpec, context: int, shift: int,
 class WindowedRunner(DecodeRunner):
     """The whole sequence outside, the sinks and the recent tokens inside (`inner`)."""
 
+    window: WindowSpec  # never None here
+
     def __init__(self, inner: DecodeRunner, window: WindowSpec, rotation: KeyRotation) -> None:
         super().__init__(inner.session, inner.spec, UNBOUNDED)
         self.inner = inner
         self.window = window
-        self._w = window  # the same, never None
         self.rotation = rotation
         self.path = f"{inner.path}, window {window.window} + {window.sinks} sinks"
         self.transfers_kv = inner.transfers_kv
         self._is_key = [p.kind == "key" for p in inner.spec.kv_pairs]
-        #: Tokens dropped so far (sequence positions sinks .. sinks + dropped - 1).
-        self.dropped = 0
-        #: The sequence length at the last drop: the runner cannot go back before it.
+        #: The sequence length at the last drop (0: none since the sinks alone): the runner
+        #: cannot go back before it.
         self.floor = 0
         #: Drops over the runner's life (describe, tests).
         self.drops = 0
@@ -135,16 +135,14 @@ class WindowedRunner(DecodeRunner):
 
     @property
     def exact_length(self) -> int:
-        return self.length if self.dropped == 0 else self._w.sinks
+        return self.length if self.floor == 0 else self.window.sinks
 
     def reachable(self, length: int) -> int:
-        if self.dropped == 0 or length >= self.floor:
-            return length
-        return min(length, self._w.sinks)
+        return length if length >= self.floor else min(length, self.window.sinks)
 
     def room_ahead(self) -> int:
         held = self.inner.length
-        return self._w.rows - (held if held < self._w.rows else held - self._w.drop)
+        return self.window.rows - (held if held < self.window.rows else held - self.window.drop)
 
     @property
     def capacity(self) -> int:
@@ -155,10 +153,10 @@ class WindowedRunner(DecodeRunner):
         return self.inner.kv_bytes
 
     def growth_bytes(self, total_tokens: int) -> int:
-        return self.inner.growth_bytes(min(total_tokens, self._w.rows))
+        return self.inner.growth_bytes(min(total_tokens, self.window.rows))
 
     def reserve(self, total_tokens: int) -> None:
-        self.inner.reserve(min(total_tokens, self._w.rows))
+        self.inner.reserve(min(total_tokens, self.window.rows))
 
     def track_hidden(self, name: str, size: int) -> None:
         super().track_hidden(name, size)
@@ -200,9 +198,9 @@ class WindowedRunner(DecodeRunner):
         if self.reachable(target) != target:
             raise ValueError(f"cannot go back to {target} tokens: tokens before {self.floor} "
                              "left the window")
-        if self.dropped and target < self.floor:  # back to the sinks: nothing dropped
+        if target < self.floor:  # back to the sinks: nothing dropped
             self.inner.rewind(self.inner.length - target)
-            self.dropped = self.floor = 0
+            self.floor = 0
         else:
             self.inner.rewind(n)
         self.length = target
@@ -216,9 +214,9 @@ class WindowedRunner(DecodeRunner):
 
     def import_kv(self, rows: list[np.ndarray], at: int, token_ids: Sequence[int]) -> None:
         n = rows[0].shape[1] if rows else 0
-        if at > self.exact_length or at + n > self._w.rows:
+        if at > self.exact_length or at + n > self.window.rows:
             raise ValueError(f"cannot import {n} rows at {at} into a window of "
-                             f"{self._w.rows} rows holding {self.exact_length} exact ones")
+                             f"{self.window.rows} rows holding {self.exact_length} exact ones")
         if at < self.length:
             self.rewind(self.length - at)
         self.inner.import_kv(rows, at, token_ids)
@@ -236,15 +234,15 @@ class WindowedRunner(DecodeRunner):
 
     def _make_room(self) -> int:
         """Rows free for the next tokens, after dropping the oldest where none are."""
-        free = self._w.rows - self.inner.length
+        free = self.window.rows - self.inner.length
         if free > 0:
             return free
         self._drop()
-        return self._w.rows - self.inner.length
+        return self.window.rows - self.inner.length
 
     def _drop(self) -> None:
         """The oldest `drop` tokens after the sinks leave; the rest move down to them."""
-        inner, sinks, drop = self.inner, self._w.sinks, self._w.drop
+        inner, sinks, drop = self.inner, self.window.sinks, self.window.drop
         held = inner.length
         rows = inner.export_kv(sinks + drop, held)
         moved = [rows_shifted(r, lambda k: self.rotation.shift(k, sinks + drop, sinks))
@@ -252,6 +250,5 @@ class WindowedRunner(DecodeRunner):
         kept = inner.tokens[sinks + drop:held]
         inner.rewind(held - sinks)
         inner.import_kv(moved, sinks, kept)
-        self.dropped += drop
         self.floor = self.length
         self.drops += 1

@@ -17,11 +17,12 @@ from engine import kernels
 from engine.config import EngineConfig
 from engine.errors import InvalidOptionError, ModelLoadError, RuntimeSelectionError
 from engine.kernels import KernelUse
+from engine.memory.governor import governor_for
 from engine.model.graph_passes import LOGITS_TO_KEEP, keep_last_logits, own_attention_moves
 from engine.model.io_spec import IOSpec
 from engine.model.kv16_pass import I8_SCALE_BYTES, cache_kv
 from engine.model.matmul_pass import own_matmul_moves
-from engine.sizes import format_bytes
+from engine.sizes import format_bytes, parse_limit
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +176,6 @@ class KVRoom:
 def kv_room(config: EngineConfig, weights_bytes: int, context: int) -> KVRoom | None:
     """What a memory limit set for host RAM leaves for the KV of a CPU model beside its
     weights, and the context it is for (None without such a limit: "auto")."""
-    from engine.memory.governor import governor_for
-    from engine.sizes import parse_limit
-
     if parse_limit(config.host_ram_limit, field="host_ram_limit").kind == "auto":
         return None
     budget = governor_for(config, "cpu", 1, weights_bytes).budget()
@@ -256,12 +254,12 @@ def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider
             nodes, kept = matmul_nodes, Counter({slow or _MATMUL_OFF: matmul_nodes})
         use = dataclasses.replace(use, matmul_nodes=nodes, matmul_kept=kept,
                                   matmul_moved=nodes - sum(kept.values()) if nodes else 0)
-        graph, spec, half = _half_kv(graph, spec, config, use, kv_room)
-        use = _with_kv(use, spec, half)
+        graph, spec, kv_why = _small_kv(graph, spec, config, use, kv_room)
+        use = _with_kv(use, spec, kv_why)
     return graph, spec, use
 
 
-def _half_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse,
+def _small_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse,
              kv_room: KVRoom | None = None) -> tuple[bytes | None, IOSpec, str | None]:
     """The graph and spec with a float16 (or, asked for, int8) KV cache
     (engine.model.kv16_pass), or as they were and why not."""
