@@ -25,6 +25,9 @@
  * half the bytes read a step. Shapes its own code does not cover go to ONNX Runtime's fp32
  * kernel on float32 copies of the caches (the present rounded back to float16).
  *
+ * `engine.kernels::GroupQueryAttentionI8KV` keeps each cache row as int8 values and their
+ * scale; where the CPU has AMX-BF16 its scores run on the tile unit (the AMX section).
+ *
  * MatMulNBits (matmul_nbits.c) is registered in the same domain by RegisterCustomOps.
  *
  * The header of ONNX Runtime is not needed: the C API is a table of function pointers
@@ -701,6 +704,265 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
     }
   }
 }
+
+/* ---- AMX: an int8 cache's scores in bfloat16 tiles --------------------------------------
+
+   Where the CPU has AMX-BF16 (and Linux lets the process use its tiles), the scores over an
+   int8 cache run on the tile unit: S^T = q Q^T, sixteen keys' integers (the A tile: each
+   q is exact in bfloat16) by sixteen query vectors (B, transposed into pairs of
+   dimensions), then each key's row times its scale. A query vector x is split into two
+   bfloat16 parts, hi (x rounded to nearest) + lo (the rest, rounded: within 2^-18 of x),
+   so the two tile products hi.q + lo.q, summed in float32 by the tile unit, have every
+   product exact. The softmax and the weighted sums of values stay the AVX-512 code's.
+
+   An element of a tile product depends only on its A row and B column, and the products
+   and the key groups always come in the same order, so a row's scores are the same bits
+   whatever rows share its tiles: a decode step, a prefill chunk and a check all run this
+   code (the choice depends on the CPU, the cache's element and the head size, never on the
+   rows). For a float16 or float32 cache the keys would first have to be split into two
+   bfloat16 each: that costs a decode step what the AVX-512 dot products do, so those
+   caches keep them (engine/README.md has the figures). */
+#if defined(__linux__)
+#define HAVE_AMX 1
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
+#define TILE_BYTES 1024 /* 16 rows of 64 bytes: every tile this code loads */
+#define AMX_MAX_HEAD 128
+/* per thread: Q^T (16-vector tiles x head/32 x hi, lo), two groups of sixteen keys' rows,
+   two score tiles as floats and a chunk's scales */
+#define AMX_Q_BYTES ((MAX_VECTORS / 16) * (AMX_MAX_HEAD / 32) * 2 * TILE_BYTES)
+#define AMX_K_BYTES (2 * 16 * AMX_MAX_HEAD * 2)
+#define AMX_SCRATCH (AMX_Q_BYTES + AMX_K_BYTES + 2 * 16 * 16 * 4 + CHUNK * 4)
+
+/* 1: an int8 cache's scores run on AMX tiles (set at registration). */
+static int g_amx;
+
+typedef struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} TileConfig;
+
+/* Whether this CPU and kernel give the process AMX-BF16 tiles (asks Linux for them). */
+static int amx_available(void) {
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16") ||
+      !__builtin_cpu_supports("avx512bw"))
+    return 0;
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+static pthread_key_t g_amx_key;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+static void amx_make_key(void) { (void)pthread_key_create(&g_amx_key, free); }
+
+/* This thread's AMX scratch (AMX_SCRATCH bytes, 64-aligned; freed when the thread ends),
+   or NULL when there is no memory. */
+static unsigned char* amx_scratch(void) {
+  (void)pthread_once(&g_amx_once, amx_make_key);
+  unsigned char* p = (unsigned char*)pthread_getspecific(g_amx_key);
+  if (p == NULL) {
+    if (posix_memalign((void**)&p, 64, AMX_SCRATCH) != 0) return NULL;
+    if (pthread_setspecific(g_amx_key, p) != 0) {
+      free(p);
+      return NULL;
+    }
+  }
+  return p;
+}
+
+/* Every tile 16 rows of 64 bytes; a constant (GCC 12's _tile_loadconfig tells the compiler
+   it reads 8 bytes, so stores into a local configuration could be dropped). Loaded at each
+   use: other code on this thread (ONNX Runtime's own AMX kernels) may have loaded another. */
+static const TileConfig AMX_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+AMX_TARGET static void amx_begin(void) { _tile_loadconfig(&AMX_CONFIG); }
+
+AMX_TARGET static void amx_end(void) { _tile_release(); }
+
+/* x's value rounded to the nearest bfloat16 (ties to even), as a float. */
+AMX_TARGET static inline __m512 bf16_near(__m512 x) {
+  const __m512i b = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* x0 (elements 0-15) and x1 (16-31) as 32 bfloat16 hi + lo: hi rounded to nearest, lo the
+   rest rounded to nearest. */
+AMX_TARGET static inline void split32(__m512 x0, __m512 x1, __m512i* hi, __m512i* lo) {
+  const __m512 h0 = bf16_near(x0), h1 = bf16_near(x1);
+  *hi = (__m512i)_mm512_cvtne2ps_pbh(h1, h0);
+  *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+}
+
+/* The block's segment of one batch row, as the AMX code reads it. */
+typedef struct AmxPart {
+  const Step* s;
+  int64_t ra, rb, g, t0, reach; /* rows ra..rb-1, KV head g, positions t0.. (reach of them) */
+  const int8_t* keys;           /* the batch row's KV head's row t0 */
+} AmxPart;
+
+/* Query vector v of the part (v < (rb - ra) * group). */
+#define AMX_Q(a, v) ((a)->s->q + (((a)->ra + (v) / (a)->s->group) * (a)->s->heads + (a)->g * (a)->s->group + (v) % (a)->s->group) * D)
+
+/* Q^T as B tiles: tile (qt, h, part) holds query vectors 16 qt.. and dimensions 32 h..,
+   row p the pairs (2p, 2p + 1) of the sixteen vectors (hi, then lo). */
+AMX_TARGET static void amx_pack_queries(const AmxPart* a, unsigned char* qb, int64_t nq, const int64_t D) {
+  const int64_t H = D / 32;
+  if (nq <= 4) { /* a decode step: four columns, the rest of each row zero */
+    for (int64_t h = 0; h < H; ++h) {
+      __m512i x[2][4];
+      for (int64_t n = 0; n < 4; ++n) {
+        x[0][n] = x[1][n] = _mm512_setzero_si512();
+        if (n < nq) {
+          const float* q = AMX_Q(a, n) + 32 * h;
+          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x[0][n], &x[1][n]);
+        }
+      }
+      for (int part = 0; part < 2; ++part) {
+        const __m512i* v = x[part];
+        const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
+        const __m512i b0 = _mm512_unpacklo_epi32(v[2], v[3]), b1 = _mm512_unpackhi_epi32(v[2], v[3]);
+        /* c[j]'s 128-bit lane L: pair 4 L + j of the four vectors */
+        const __m512i c[4] = {_mm512_unpacklo_epi64(a0, b0), _mm512_unpackhi_epi64(a0, b0),
+                              _mm512_unpacklo_epi64(a1, b1), _mm512_unpackhi_epi64(a1, b1)};
+        unsigned char* t = qb + (h * 2 + part) * TILE_BYTES;
+        for (int j = 0; j < 4; ++j) {
+          _mm512_store_si512((__m512i*)(t + j * 64), _mm512_zextsi128_si512(_mm512_castsi512_si128(c[j])));
+          _mm512_store_si512((__m512i*)(t + (4 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 1)));
+          _mm512_store_si512((__m512i*)(t + (8 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 2)));
+          _mm512_store_si512((__m512i*)(t + (12 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 3)));
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t qt = 0; qt * 16 < nq; ++qt)
+    for (int64_t h = 0; h < H; ++h) {
+      __m512 hi[16], lo[16];
+      for (int64_t n = 0; n < 16; ++n) {
+        const int64_t v = qt * 16 + n;
+        __m512i x = _mm512_setzero_si512(), y = x;
+        if (v < nq) {
+          const float* q = AMX_Q(a, v) + 32 * h;
+          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x, &y);
+        }
+        hi[n] = _mm512_castsi512_ps(x);
+        lo[n] = _mm512_castsi512_ps(y);
+      }
+      transpose16(hi, hi);
+      transpose16(lo, lo);
+      unsigned char* t = qb + (qt * H + h) * 2 * TILE_BYTES;
+      for (int p = 0; p < 16; ++p) {
+        _mm512_store_ps((float*)(t + p * 64), hi[p]);
+        _mm512_store_ps((float*)(t + TILE_BYTES + p * 64), lo[p]);
+      }
+    }
+}
+
+/* Sixteen keys' scores for the query vectors of tile qt (C holds key i's in row i, to be
+   multiplied by scale[i]) into their rows of `scores` at kt: a transposition, or for a few
+   vectors their columns. */
+AMX_TARGET static inline void amx_scatter(const float* c, const float* scale, float* scores, int64_t qt, int64_t kt,
+                                          int64_t nq) {
+  const int64_t valid = nq - 16 * qt < 16 ? nq - 16 * qt : 16;
+  const __m512 keys_scale = _mm512_loadu_ps(scale);
+  if (valid <= 4) {
+    const __m512i rows = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+    for (int64_t n = 0; n < valid; ++n)
+      _mm512_storeu_ps(scores + (qt * 16 + n) * CHUNK + kt,
+                       _mm512_mul_ps(_mm512_i32gather_ps(rows, c + n, 4), keys_scale));
+    return;
+  }
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + 16 * i);
+  transpose16(r, r); /* r[n]: vector 16 qt + n's sums for the sixteen keys */
+  for (int64_t n = 0; n < valid; ++n)
+    _mm512_storeu_ps(scores + (qt * 16 + n) * CHUNK + kt, _mm512_mul_ps(r[n], keys_scale));
+}
+
+/* Keys 16 k.. of the part: their integers as bfloat16 rows into kq (zero past reach), their
+   scales into scale. A key four groups ahead is fetched meanwhile. */
+AMX_TARGET static inline void amx_stage(const AmxPart* a, int64_t k, uint16_t* kq, float* scale, const int64_t D) {
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t key = 16 * k + i;
+    const int8_t* row = a->keys + key * I8_ROW(D);
+    if (key + 64 < a->reach) _mm_prefetch((const char*)(row + 64 * I8_ROW(D)), _MM_HINT_T0);
+    scale[i] = key < a->reach ? i8_scale(row, D) : 0.0f;
+    for (int64_t h = 0; h < D / 32; ++h) {
+      __m512i x = _mm512_setzero_si512();
+      if (key < a->reach) {
+        const __m128i* q = (const __m128i*)(row + 32 * h);
+        x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+      }
+      _mm512_store_si512((__m512i*)(kq + i * D + 32 * h), x);
+    }
+  }
+}
+
+/* The scores of the part's query vectors over positions 0..reach-1 of the chunk into
+   `scores` (row v of the part at scores + v * CHUNK), sixteen keys a tile. Software
+   pipelined: the next sixteen keys are staged while the tile unit works on these, and two
+   score tiles take turns, one moved into the rows while the other is computed. */
+AMX_TARGET static void amx_scores(const AmxPart* a, unsigned char* stage, int64_t nq, float* scores,
+                                  const int64_t D) {
+  const int64_t H = D / 32, groups = (a->reach + 15) / 16;
+  unsigned char* qb = stage;
+  uint16_t* kbuf = (uint16_t*)(stage + AMX_Q_BYTES); /* two groups of [16][D] */
+  float* c = (float*)(stage + AMX_Q_BYTES + AMX_K_BYTES); /* two tiles of floats */
+  float* scales = c + 2 * 256;                             /* the chunk's keys' */
+  amx_pack_queries(a, qb, nq, D);
+  amx_stage(a, 0, kbuf, scales, D);
+  int flip = 0;                          /* the score tile next computed: 0 or 7 */
+  int64_t pending_q = -1, pending_k = 0; /* the tile in c + 256 * !flip not yet moved */
+  /* score tile C for vector tile qt and the group's keys: q.hi then q.lo for each 32
+     dimensions in turn (with a head of 64 the keys' two tiles stay loaded, 1 and 2) */
+#define AMX_TILE(C)                                                     \
+  do {                                                                  \
+    _tile_zero(C);                                                      \
+    for (int64_t h = 0; h < H; ++h) {                                   \
+      const unsigned char* t_ = qb + (qt * H + h) * 2 * TILE_BYTES;     \
+      _tile_loadd(5, t_, 64);                                           \
+      _tile_loadd(6, t_ + TILE_BYTES, 64);                              \
+      if (H == 2 && h == 1) {                                           \
+        _tile_dpbf16ps(C, 2, 5);                                        \
+        _tile_dpbf16ps(C, 2, 6);                                        \
+      } else {                                                          \
+        if (H != 2) _tile_loadd(1, kq + 32 * h, 2 * D);                 \
+        _tile_dpbf16ps(C, 1, 5);                                        \
+        _tile_dpbf16ps(C, 1, 6);                                        \
+      }                                                                 \
+    }                                                                   \
+    _tile_stored(C, c + 256 * ((C) != 0), 64);                          \
+  } while (0)
+  for (int64_t k = 0; k < groups; ++k) {
+    const uint16_t* kq = kbuf + (k & 1) * 16 * D;
+    if (k + 1 < groups) amx_stage(a, k + 1, kbuf + ((k + 1) & 1) * 16 * D, scales + 16 * (k + 1), D);
+    if (H == 2) {
+      _tile_loadd(1, kq, 2 * D);
+      _tile_loadd(2, kq + 32, 2 * D);
+    }
+    for (int64_t qt = 0; qt * 16 < nq; ++qt) {
+      if (flip)
+        AMX_TILE(7);
+      else
+        AMX_TILE(0);
+      if (pending_q >= 0) amx_scatter(c + 256 * !flip, scales + 16 * pending_k, scores, pending_q, 16 * pending_k, nq);
+      pending_q = qt;
+      pending_k = k;
+      flip = !flip;
+    }
+  }
+  amx_scatter(c + 256 * !flip, scales + 16 * pending_k, scores, pending_q, 16 * pending_k, nq);
+#undef AMX_TILE
+}
+#undef AMX_Q
+#endif
+
 #endif
 
 /* The largest of x[0..n-1] (n > 0). The order it is found in changes nothing that follows:
@@ -1003,6 +1265,24 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
+#ifdef HAVE_AMX
+  /* an int8 cache's scores on AMX tiles, where the CPU has them (see amx_scores) */
+  const int amx = g_amx && kind == KV_I8 && (D == 64 || D == 128);
+  unsigned char* stage = amx ? amx_scratch() : NULL;
+  if (amx && stage == NULL) {
+    ((Step*)s)->failed = 1; /* the run reports it */
+    return;
+  }
+  if (amx) {
+    amx_begin();
+    for (int64_t ra = r0, rb; ra < r1; ra = rb) {
+      rb = BATCH_END(ra);
+      const AmxPart part = {s, ra, rb, g, t0, ROW_N(rb - 1), (const int8_t*)KVC_AT(s->keys, ra, 0)};
+      if (part.reach > 0) amx_scores(&part, stage, (rb - ra) * G, scores + (ra - r0) * G * CHUNK, D);
+    }
+    amx_end();
+  } else
+#endif
   for (int64_t ts = 0; ts < longest; ts += TILE) {
     int64_t converted = -1; /* the batch row whose tile ts is in `tile` */
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
@@ -1618,8 +1898,12 @@ static const char* choose_paths(void) {
   if (choice != NULL && strcmp(choice, "portable") == 0) return "portable: ONNX_GENAI_KERNELS=portable";
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "portable: this CPU lacks AVX2 or FMA";
   if (choice != NULL && strcmp(choice, "avx2") == 0) return "avx2+fma: AVX-512 left out (ONNX_GENAI_KERNELS=avx2)";
-  if (__builtin_cpu_supports("avx512f")) return "avx2+fma: and AVX-512";
-  return "avx2+fma";
+  if (!__builtin_cpu_supports("avx512f")) return "avx2+fma";
+#ifdef HAVE_AMX
+  if (choice != NULL && strcmp(choice, "avx512") == 0) return "avx2+fma: and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)";
+  if (amx_available()) return "avx2+fma: and AVX-512, AMX-BF16 for int8 KV";
+#endif
+  return "avx2+fma: and AVX-512";
 #else
   return "portable: built without the x86-64 AVX2 code";
 #endif
@@ -1637,7 +1921,10 @@ ENGINE_EXPORT const char* EngineKernelsMatmulPaths(void) { return engine_matmul_
 ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   if (g_api == NULL) {
     const char* paths = choose_paths();
-    g_isa = strncmp(paths, "avx2+fma", 8) != 0 ? 0 : strcmp(paths, "avx2+fma: and AVX-512") == 0 ? 2 : 1;
+    g_isa = strncmp(paths, "avx2+fma", 8) != 0 ? 0 : strncmp(paths, "avx2+fma: and AVX-512", 21) == 0 ? 2 : 1;
+#ifdef HAVE_AMX
+    g_amx = strstr(paths, "AMX-BF16") != NULL;
+#endif
 #ifdef HAVE_X86_PATHS
     g_half = g_isa == 2 ? 2 : g_isa == 1 && __builtin_cpu_supports("f16c") ? 1 : 0;
 #endif

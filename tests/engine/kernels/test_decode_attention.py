@@ -214,12 +214,12 @@ def test_large_scores_do_not_overflow_the_softmax():
     _compare(case, [600], new=1)
 
 
-@pytest.mark.parametrize("paths", ["portable", "avx2"])
+@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512"])
 def test_the_other_paths_match_too(tmp_path, paths):
     """Where the CPU lacks AVX-512 the dot products run in AVX2, where it lacks AVX2 and
     FMA in plain C loops: the cases again, in a process told to take them (the choice is
     made once per process)."""
-    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512"):
         pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",

@@ -351,12 +351,12 @@ def test_every_float16_is_read_exactly():
         np.testing.assert_array_equal(got[0, :, :512].view(np.uint16), want)
 
 
-@pytest.mark.parametrize("paths", ["portable", "avx2"])
+@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512"])
 def test_the_other_paths_hold_too(tmp_path, paths):
     """Where the CPU lacks AVX-512 the cache is read with F16C and the dot products run in
     AVX2, where it lacks AVX2 in plain C: the reference and invariance cases again, in a
     process told to take those paths (the choice is made once per process)."""
-    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512"):
         pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",

@@ -135,9 +135,9 @@ def test_several_rows_of_several_tokens_get_onnx_runtimes_answer(case):
                                    atol=float(np.abs(rows_to_float(theirs)).max()) / 127)
 
 
-@pytest.mark.parametrize("paths", ["portable", "avx2"])
+@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512"])
 def test_the_other_paths_hold_too(tmp_path, paths):
-    if os.environ.get(kernels.ENV) in ("portable", "avx2"):
+    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512"):
         pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",

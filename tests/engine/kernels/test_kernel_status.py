@@ -41,6 +41,30 @@ def test_a_built_kernel_says_which_code_it_runs(monkeypatch):
                              "AVX2): ONNX_GENAI_KERNELS=portable")
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags")
+            for flag in line.partition(":")[2].split()}
+
+
+@built
+def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
+    """Where the CPU (and Linux) has AMX-BF16 the int8 cache's scores run on the tile unit,
+    and the status says so; ONNX_GENAI_KERNELS=avx512 leaves AMX out."""
+    flags = _cpu_flags()
+    found = kernels.status()
+    amx = sys.platform == "linux" and {"amx_bf16", "avx512_bf16", "avx512bw"} <= flags
+    assert ("AMX-BF16 for int8 KV" in (found.reason or "")) == amx, found.line()
+    monkeypatch.setenv(kernels.ENV, "avx512")
+    plain = kernels.status()
+    assert "AMX" not in (plain.reason or "").replace("AMX left out", "")
+    if "avx512f" in flags and sys.platform == "linux":
+        assert plain.reason == "and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)"
+
+
 def test_not_built_says_why_and_how_to_fix_with_and_without_a_compiler(monkeypatch, tmp_path):
     missing = tmp_path / "decode_attention.ortops"
     monkeypatch.setenv(kernels.LIBRARY_ENV, str(missing))
