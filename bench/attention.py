@@ -7,8 +7,9 @@ present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run wi
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 ``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
 ``ours-i8``, ``ours-i8-avx2``: GroupQueryAttentionI8KV over an int8 cache (rows of
-int8 values and a scale); ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``:
-GroupQueryAttentionF16KV over a
+int8 values and a scale; where the CPU has AMX-BF16 its scores run on the tile unit);
+``ours-avx512``, ``ours-f16-avx512``, ``ours-i8-avx512``: the same without AMX;
+``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
 float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
 library at ``--base-library``, another build to compare with), at
 several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
@@ -42,7 +43,8 @@ from bench._fresh import run_worker  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
-MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2")
+MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2",
+             "ours-avx512", "ours-f16-avx512", "ours-i8-avx512")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
@@ -154,7 +156,7 @@ def main() -> int:
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
-        if arm.endswith(("-portable", "-avx2")):  # read by the library at load
+        if arm.endswith(("-portable", "-avx2", "-avx512")):  # read by the library at load
             os.environ["ONNX_GENAI_KERNELS"] = arm.rpartition("-")[2]
         if arm.startswith("base"):
             os.environ["ONNX_GENAI_KERNELS_LIBRARY"] = args.base_library
