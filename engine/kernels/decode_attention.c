@@ -722,7 +722,9 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
    rows). For a float16 or float32 cache the keys would first have to be split into two
    bfloat16 each: that costs a decode step what the AVX-512 dot products do, so those
    caches keep them (engine/README.md has the figures). */
-#if defined(__linux__)
+/* AMX intrinsics: GCC 11 and clang 12 onwards (an older compiler builds the rest) */
+#if defined(__linux__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                           (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define HAVE_AMX 1
 #include <pthread.h>
 #include <sys/syscall.h>
