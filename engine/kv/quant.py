@@ -116,8 +116,7 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
 
 
 # --- the live int8 cache's rows (engine.model.kv16_pass, engine/kernels) -------------------
-
-# An int8 cache row: head_dim int8 values, then their scale as a float32 (I8_SCALE_BYTES).
+# A row: head_dim int8 values, then their scale as a float32 (I8_SCALE_BYTES bytes).
 
 
 def value_dim(head_dim: int, dtype: str) -> int:

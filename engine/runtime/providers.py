@@ -260,7 +260,7 @@ def _pruned_graph(model_file: Path, spec: IOSpec, config: EngineConfig, provider
 
 
 def _small_kv(graph: bytes | None, spec: IOSpec, config: EngineConfig, use: KernelUse,
-             kv_room: KVRoom | None = None) -> tuple[bytes | None, IOSpec, str | None]:
+              kv_room: KVRoom | None = None) -> tuple[bytes | None, IOSpec, str | None]:
     """The graph and spec with a float16 (or, asked for, int8) KV cache
     (engine.model.kv16_pass), or as they were and why not."""
     if not spec.kv_pairs or any(p.dtype != "float32" for p in spec.kv_pairs):
