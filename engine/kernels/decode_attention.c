@@ -814,34 +814,6 @@ typedef struct AmxPart {
    row p the pairs (2p, 2p + 1) of the sixteen vectors (hi, then lo). */
 AMX_TARGET static void amx_pack_queries(const AmxPart* a, unsigned char* qb, int64_t nq, const int64_t D) {
   const int64_t H = D / 32;
-  if (nq <= 4) { /* a decode step: four columns, the rest of each row zero */
-    for (int64_t h = 0; h < H; ++h) {
-      __m512i x[2][4];
-      for (int64_t n = 0; n < 4; ++n) {
-        x[0][n] = x[1][n] = _mm512_setzero_si512();
-        if (n < nq) {
-          const float* q = AMX_Q(a, n) + 32 * h;
-          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x[0][n], &x[1][n]);
-        }
-      }
-      for (int part = 0; part < 2; ++part) {
-        const __m512i* v = x[part];
-        const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
-        const __m512i b0 = _mm512_unpacklo_epi32(v[2], v[3]), b1 = _mm512_unpackhi_epi32(v[2], v[3]);
-        /* c[j]'s 128-bit lane L: pair 4 L + j of the four vectors */
-        const __m512i c[4] = {_mm512_unpacklo_epi64(a0, b0), _mm512_unpackhi_epi64(a0, b0),
-                              _mm512_unpacklo_epi64(a1, b1), _mm512_unpackhi_epi64(a1, b1)};
-        unsigned char* t = qb + (h * 2 + part) * TILE_BYTES;
-        for (int j = 0; j < 4; ++j) {
-          _mm512_store_si512((__m512i*)(t + j * 64), _mm512_zextsi128_si512(_mm512_castsi512_si128(c[j])));
-          _mm512_store_si512((__m512i*)(t + (4 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 1)));
-          _mm512_store_si512((__m512i*)(t + (8 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 2)));
-          _mm512_store_si512((__m512i*)(t + (12 + j) * 64), _mm512_zextsi128_si512(_mm512_extracti32x4_epi32(c[j], 3)));
-        }
-      }
-    }
-    return;
-  }
   for (int64_t qt = 0; qt * 16 < nq; ++qt)
     for (int64_t h = 0; h < H; ++h) {
       __m512 hi[16], lo[16];
