@@ -171,8 +171,7 @@ class Engine:
 
     @property
     def huge_pages(self) -> HugePageReport | None:
-        """What the load did for transparent huge pages; None when not asked, not on the
-        CPU, or still running (see wait_huge_pages)."""
+        """The load's huge-page report; None: not asked, not on the CPU, or still running."""
         return None if self._huge_pages is None else self._huge_pages.report
 
     def wait_huge_pages(self, timeout: float | None = None) -> bool:
@@ -232,8 +231,7 @@ class Engine:
         return min(self.max_total(options), prompt_len + options.max_new_tokens)
 
     def request_reservation(self, prompt_len: int, options: GenerateOptions) -> int:
-        """The tokens a request's KV gets when it starts
-        (`engine.scheduling.pressure.reservation`)."""
+        """The tokens a request's KV gets when it starts (`pressure.reservation`)."""
         return reservation(self.request_total(prompt_len, options), self.max_total(options),
                            prompt_len, self.config.kv_reserve_ahead)
 
@@ -317,8 +315,7 @@ class Engine:
         run.cached -= self.reuse.computed  # gaps between shifted runs were computed
         run.clock.prefill_tokens += self.reuse.computed
         self._report_kv()  # the runner reserved its KV: the budget sees it now
-        if self._huge_pages is not None:  # the collapse pauses while requests run
-            self._huge_pages.begin()
+        self._watchers(begin=True)
         return run
 
     def _run(self, request: GenerateRequest, prompt: list[int], session: Session | None,
@@ -361,9 +358,14 @@ class Engine:
     # --- KV reuse ---------------------------------------------------------------------
 
     def run_ended(self) -> None:
-        """A request left the engine (done or failed): the huge-page collapse may go on."""
-        if self._huge_pages is not None:
-            self._huge_pages.end()
+        """A request left the engine (done or failed)."""
+        self._watchers(begin=False)
+
+    def _watchers(self, begin: bool) -> None:
+        """The huge-page collapse pauses while requests run; the CPU watcher looks only then."""
+        for watcher in (self._huge_pages, self.cpu_share):
+            if watcher is not None:
+                watcher.begin() if begin else watcher.end()
 
     def end_run(self, run: RequestRun, session: Session | None) -> None:
         """Save a session's new KV and history, index full pages, store chunks."""

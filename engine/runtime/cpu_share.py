@@ -7,13 +7,15 @@ two-thread decode ran at half its quiet speed, below the two thirds an even shar
 CPU would give. With one thread it runs on the core the other program leaves, and never
 waits for a second.
 
-:class:`CpuShare` watches, twice a second, how many cores other programs use (the
-machine's busy time from ``/proc/stat`` less this process's own, ``os.times``) and caps
-the engine kernels' short loops (a decode step's; engine/kernels, ``EngineKernelsSetThreads``)
-at the cores left free, never above the session's threads; at 0 the session's own threads
-run them. A prefill's long operators keep every thread (their tasks outlast a time slice),
-and so does everything under a heavier load (:func:`cap_for`). A cap changes which thread
-computes a task, never what it computes: every answer keeps its bits. ONNX Runtime's own
+:class:`CpuShare` watches, twice a second while a request runs, how many cores other
+programs use (the machine's busy time from ``/proc/stat`` less this process's own,
+``os.times``) and caps the engine kernels' short loops (a decode step's; engine/kernels,
+``EngineKernelsSetThreads``) at the cores left free, never above the session's threads; at
+0 the session's own threads run them. An idle engine does not look (a worker waiting for
+its next request wakes for nothing); a request's first look covers the pause before it. A
+prefill's long operators keep every thread (their tasks outlast a time slice), and so does
+everything under a heavier load (:func:`cap_for`). A cap changes which thread computes a
+task, never what it computes: every answer keeps its bits. ONNX Runtime's own
 small operators keep the session's threads.
 """
 
@@ -119,8 +121,9 @@ _SHARED_LOCK = threading.Lock()
 
 
 class CpuShare:
-    """Looks at the CPU every ``interval_s`` on a daemon thread and sets the kernels' cap
-    (``set_cap``) to what :func:`cap_for` says; :meth:`stop` ends it and lifts the cap."""
+    """Looks at the CPU every ``interval_s`` on a daemon thread while a request runs
+    (:meth:`begin` / :meth:`end`) and sets the kernels' cap (``set_cap``) to what
+    :func:`cap_for` says; :meth:`stop` ends it and lifts the cap."""
 
     def __init__(self, threads: int, set_cap: Callable[[int], None], cores: int | None = None,
                  interval_s: float = INTERVAL_S,
@@ -133,34 +136,68 @@ class CpuShare:
         self._set = set_cap
         self._read = read
         self._interval = interval_s
+        self._last = read()
+        self._busy = 0  # requests running (every engine of the process)
+        self._lock = threading.Lock()
+        self._running = threading.Event()  # set while a request runs, or once stopped
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-share", daemon=True)
         self._thread.start()
 
+    def begin(self) -> None:
+        """A request starts: look now if the last look is old (the cap for its first steps
+        then covers the pause before it), then every ``interval_s`` until the last ends."""
+        with self._lock:
+            self._busy += 1
+            self._look()
+            self._running.set()
+
+    def end(self) -> None:
+        with self._lock:
+            self._busy = max(0, self._busy - 1)
+            if not self._busy and not self._stopped.is_set():
+                self._running.clear()
+
+    def _look(self) -> None:
+        """Read the CPU and update the cap, unless the last look is under half
+        ``interval_s`` old (a shorter span says little: the kernel counts CPU time in
+        ticks). Under ``_lock``."""
+        if self._last is None or self._stopped.is_set():
+            return
+        now = self._read()
+        if now is None:  # the CPU can no longer be read: keep the cap as it is
+            self._last = None
+            return
+        if now.at - self._last.at < self._interval / 2:
+            return
+        seen = others_cores(self._last, now)
+        self._last = now
+        self.others = seen if self.others is None else \
+            SMOOTHING * seen + (1 - SMOOTHING) * self.others
+        cap = cap_for(self.others, self.threads, self.cores, capped=self.cap > 0)
+        if cap != self.cap:
+            self.cap = cap
+            self._set(cap)
+
     def _run(self) -> None:
-        last = self._read()
-        while last is not None and not self._stopped.wait(self._interval):
-            now = self._read()
-            if now is None:
-                break
-            seen = others_cores(last, now)
-            last = now
-            self.others = seen if self.others is None else \
-                SMOOTHING * seen + (1 - SMOOTHING) * self.others
-            cap = cap_for(self.others, self.threads, self.cores, capped=self.cap > 0)
-            if cap != self.cap:
-                self.cap = cap
-                self._set(cap)
+        while self._running.wait() and not self._stopped.wait(self._interval):
+            with self._lock:
+                if self._last is None:
+                    return
+                if self._busy:
+                    self._look()
 
     def stop(self) -> None:
         """No more looks; the session's threads run the kernels again (the process's
         watcher: the next engine starts another). Idempotent."""
         global _SHARED
         self._stopped.set()
+        self._running.set()
         self._thread.join(timeout=5)
-        if self.cap:
-            self.cap = 0
-            self._set(0)
+        with self._lock:
+            if self.cap:
+                self.cap = 0
+                self._set(0)
         with _SHARED_LOCK:
             if _SHARED is self:
                 _SHARED = None

@@ -298,6 +298,10 @@ async def props(ctx: Ctx) -> dict[str, Any]:
             # whether the engine's own attention kernel runs, and why not (engine.kernels)
             "engine_kernels": None if engine.kernel_use is None
             else engine.kernel_use.as_dict(),
+            # the weights' move onto huge pages after the load (engine.runtime.hugepages):
+            # "pending" while it waits for pauses between requests, None where not done
+            "huge_pages": engine.huge_pages.as_dict() if engine.huge_pages is not None
+            else "pending" if engine.config.huge_pages and engine.provider == "cpu" else None,
             "build_info": "onnx-local-llm worker"}
 
 

@@ -20,6 +20,7 @@ import logging.handlers
 import re
 import time
 import uuid
+from email.utils import formatdate
 from pathlib import Path
 
 import platformdirs
@@ -92,7 +93,9 @@ def setup(log_file: Path | None, *, access: bool) -> Path | None:
 
 
 class RequestIdMiddleware:
-    """Gives each request its id, answers it in ``X-Request-Id`` and logs one line."""
+    """Gives each request its id, answers it in ``X-Request-Id`` and logs one line; adds
+    the ``Date`` header (uvicorn's own is off: it refreshes it on a tick ten times a
+    second, which keeps an idle worker waking up; engine/server/serve.py)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -112,8 +115,9 @@ class RequestIdMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (b"x-request-id", request_id.encode())]}
+                message = {**message, "headers": [
+                    *message.get("headers", []), (b"x-request-id", request_id.encode()),
+                    (b"date", formatdate(usegmt=True).encode())]}
             await send(message)
 
         try:

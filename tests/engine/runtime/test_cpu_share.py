@@ -89,10 +89,38 @@ def test_the_watcher_caps_beside_a_busy_program_and_lifts_the_cap_when_it_ends()
     share = CpuShare(threads=2, set_cap=set_cap, cores=2, interval_s=0.01,
                      read=lambda: next(readings))
     try:
+        share.begin()  # a request runs (the watcher looks only then)
         assert capped.wait(60), "no cap beside a busy program"
         assert lifted.wait(60), "the cap stayed on a quiet machine"
         assert caps[:2] == [1, 0]
         assert share.as_dict()["kernel_threads"] == 2
+    finally:
+        share.stop()
+
+
+def test_an_idle_watcher_does_not_look_and_a_request_looks_at_once():
+    """Between requests the watcher sleeps (an idle worker wakes for nothing); a request's
+    first look, made as it starts, covers the pause and sets the cap for its first steps."""
+    looks: list[float] = []
+    readings = _readings([0.7] * 50)
+
+    def read() -> CpuTimes:
+        looks.append(0)
+        return next(readings)
+
+    caps: list[int] = []
+    share = CpuShare(threads=2, set_cap=caps.append, cores=2, interval_s=0.01, read=read)
+    try:
+        idle = threading.Event()
+        idle.wait(0.3)  # thirty intervals with no request
+        assert len(looks) == 1, "the watcher looked while no request ran"
+        share.begin()
+        assert len(looks) == 2 and caps == [1], "a request did not get a fresh cap at once"
+        share.end()
+        idle.wait(0.05)  # a look of the thread's may have been under way
+        after_end = len(looks)
+        idle.wait(0.3)
+        assert len(looks) == after_end, "the watcher went on looking after the request"
     finally:
         share.stop()
 

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -46,6 +48,10 @@ def test_the_log_file_has_start_up_facts_and_requests_by_id(model_dir: Path, tmp
     assert named.headers["x-request-id"] == "editor-42"
     fresh = unnamed.headers["x-request-id"]
     assert fresh and fresh != "editor-42"
+    for answer in (named, unnamed):  # one Date header (HTTP/1.1), the time of the answer
+        dates = answer.headers.get_list("date")
+        assert len(dates) == 1
+        assert abs(parsedate_to_datetime(dates[0]).timestamp() - time.time()) < 3600
     text = log_file.read_text(encoding="utf-8")
     assert ready["model"] in text and "provider cpu" in text and "1 threads" in text
     assert "limits: queue" in text
