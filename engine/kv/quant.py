@@ -116,7 +116,7 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
 
 
 # --- the live int8 cache's rows (engine.model.kv16_pass, engine/kernels) -------------------
-# A row: head_dim int8 values, then their scale as a float32 (I8_SCALE_BYTES bytes).
+# A row: head_dim int8 values, then their scale as a bfloat16 (I8_SCALE_BYTES bytes).
 
 
 def value_dim(head_dim: int, dtype: str) -> int:
@@ -125,22 +125,33 @@ def value_dim(head_dim: int, dtype: str) -> int:
     return head_dim - I8_SCALE_BYTES if dtype == "int8" else head_dim
 
 
+def _row_scales(rows: np.ndarray, d: int) -> np.ndarray:
+    """The rows' bfloat16 scales (after their `d` values) as float32 `[..., 1]`."""
+    bits = np.ascontiguousarray(rows[..., d:]).view("<u2").astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
 def rows_to_float(rows: np.ndarray) -> np.ndarray:
-    """int8 cache rows `[..., head_dim + 4]` as float32 `[..., head_dim]`: q * scale, the
+    """int8 cache rows `[..., head_dim + 2]` as float32 `[..., head_dim]`: q * scale, the
     kernel's one multiply."""
     d = rows.shape[-1] - I8_SCALE_BYTES
-    scales = np.ascontiguousarray(rows[..., d:]).view(np.float32)
-    return rows[..., :d].astype(np.float32) * scales
+    return rows[..., :d].astype(np.float32) * _row_scales(rows, d)
 
 
 def float_to_rows(x: np.ndarray) -> np.ndarray:
     """float rows `[..., head_dim]` as int8 cache rows, quantized as the kernel writes them:
-    scale = largest |x| / 127 per row, q = x / scale rounded to nearest even."""
+    scale = largest |x| / 127 per row rounded to the nearest bfloat16, q = x / scale rounded
+    to nearest even, within +-127."""
     x = x.astype(np.float32, copy=False)
-    scales = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(_QMAX)).astype(np.float32)
+    exact = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(_QMAX)).astype(np.float32)
+    wide = exact.view(np.uint32)
+    finite = (wide & 0x7F800000) != 0x7F800000
+    bits = ((wide + np.where(finite, 0x7FFF + ((wide >> 16) & 1), 0).astype(np.uint32))
+            >> 16).astype("<u2")
+    scales = (bits.astype(np.uint32) << 16).view(np.float32)
     q = np.divide(x, scales, out=np.zeros_like(x), where=scales > 0)
     q = np.clip(np.rint(q), -_QMAX, _QMAX).astype(np.int8)
-    return np.concatenate([q, scales.view(np.int8)], axis=-1)
+    return np.concatenate([q, bits.view(np.int8)], axis=-1)
 
 
 def rows_shifted(rows: np.ndarray, shift: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.config import KVStoreConfig
 from engine.kv.store import KVStore, chunk_keys
+from engine.model.kv16_pass import I8_SCALE_BYTES
 from engine.model.model_dir import ModelDir
 from engine.runtime.runner import DecodeRunner
 
@@ -22,8 +23,12 @@ log = logging.getLogger(__name__)
 def model_identity(model: ModelDir, provider: str, kv_dtype: str) -> str:
     """Identity of the KV a model produces: files (size, mtime), provider and KV dtype.
 
-    KV from another provider is not bit-identical, so it gets another identity.
+    KV from another provider is not bit-identical, so it gets another identity; int8 rows
+    name their scale's format (a bfloat16 since the rows shrank from head_size + 4 bytes:
+    chunks stored with float32 scales belong to another identity, never misread).
     """
+    if kv_dtype == "int8":
+        kv_dtype = f"int8+{I8_SCALE_BYTES}"
     digest = hashlib.blake2b(digest_size=12)
     files = [model.model_file, *(e.path for e in model.graph.external_data)]
     for name in ("genai_config.json", "config.json", "inference_metadata.yaml"):

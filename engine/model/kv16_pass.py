@@ -11,9 +11,10 @@ token's output has the same bits on every path, as with float32 KV. Half the KV 
 token (docs/kv-and-scheduling.md has the measured agreement with float32 KV).
 
 `cache_kv(data, "int8", dims)` does the same for `GroupQueryAttentionI8KV`: each cache row
-(one token, one KV head) is head_size int8 values and their float32 scale (largest |x| /
-127), head_size + 4 bytes, so the tensors' last dimension becomes head_size + 4: about a
-quarter of float32's bytes, half of float16's.
+(one token, one KV head) is head_size int8 values and their scale (largest |x| / 127,
+rounded to a bfloat16), head_size + 2 bytes, so the tensors' last dimension becomes
+head_size + 2: a quarter of float32's bytes and a bit (25.8% at head size 64), half of
+float16's.
 
 All or nothing per model: every GroupQueryAttention node must run the engine's kernel, its
 past and present must be float32 graph inputs and outputs, read by no other node (a `Shape`
@@ -32,8 +33,8 @@ from engine.model.onnx_scan import _Reader, _scan_value_info
 #: The engine kernel's GroupQueryAttention over a float16 cache, and over an int8 one.
 F16_OP = "GroupQueryAttentionF16KV"
 I8_OP = "GroupQueryAttentionI8KV"
-#: An int8 cache row's scale: a float32 after the row's values.
-I8_SCALE_BYTES = 4
+#: An int8 cache row's scale: a bfloat16 after the row's values.
+I8_SCALE_BYTES = 2
 #: Ops that may read a past input besides attention: they do not look at its values.
 _TYPE_BLIND = frozenset({"Shape"})
 

@@ -16,6 +16,7 @@ from engine.hub.fit import FITS, SHORTER, SPEED_CONTEXT, TOO_BIG, assess, import
 from engine.hub.remote import ModelShape
 from engine.memory.limits import format_bytes
 from engine.model.gguf import import_gguf
+from engine.model.kv16_pass import I8_SCALE_BYTES
 from engine.model.model_dir import load_model_dir
 from tests.app.hub_standin import HubStandin
 from tests.engine.hub.repos import GGUF_REPO, ONNX_REPO, gguf_repo, onnx_repo
@@ -31,9 +32,9 @@ SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context
 KV_VALUE = 2 if kernels.library() is not None and kernels.f16kv_ready() else 4
 PAGE = 32 * 4 * 1024 * KV_VALUE  # the default 32-token page
 #: Under a limit too small for the context in float16 the engine keeps int8 KV: rows of 64
-#: values and a 4-byte scale, 4 x 8 x 68 x (K, V) = 4,352 bytes a token.
+#: values and a 2-byte scale, 4 x 8 x 66 x (K, V) = 4,224 bytes a token.
 INT8 = kernels.library() is not None and kernels.i8kv_ready() and KV_VALUE == 2
-I8_PAGE = 32 * 4 * 8 * 68 * 2
+I8_PAGE = 32 * 4 * 8 * (64 + I8_SCALE_BYTES) * 2
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
         assert engine.spec.kv_pairs[0].dtype == "int8"
         assert engine.spec.kv_bytes_per_token == ten.kv_bytes_per_token
         assert budget.kv_tokens >= engine.context_length
-        extra = 5 * MIB + I8_PAGE // 2  # fits with a shorter context: 38 int8 pages
+        extra = 5 * MIB + I8_PAGE // 2  # fits with a shorter context: 39 int8 pages
         short = _label(hub, _limit(weights, extra))
         engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, extra),
                                                   intra_op_threads=1))

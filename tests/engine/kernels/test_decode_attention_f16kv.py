@@ -26,6 +26,7 @@ from onnx import TensorProto, helper
 
 from engine import kernels
 from engine.model.graph_passes import KERNEL_DOMAIN
+from engine.model.kv16_pass import I8_SCALE_BYTES
 
 pytestmark = pytest.mark.skipif(kernels.library() is None,
                                 reason="the engine's kernels were not built (no C compiler)")
@@ -48,7 +49,7 @@ CASES = {
 
 #: The cache's element: (operator, ONNX element type, extra bytes a row, numpy dtype).
 ELEMENTS = {"float16": (OP, TensorProto.FLOAT16, 0, np.float16),
-            "int8": ("GroupQueryAttentionI8KV", TensorProto.INT8, 4, np.int8)}
+            "int8": ("GroupQueryAttentionI8KV", TensorProto.INT8, I8_SCALE_BYTES, np.int8)}
 
 
 def _model(case: dict, element: str = "float16") -> bytes:

@@ -1,6 +1,6 @@
 """Int8 KV on the CPU (`kv_dtype="int8"`, engine.model.kv16_pass's `cache_kv`): each cache
-row holds a token's key or value for one KV head as int8 values and their float32 scale,
-about a quarter of float32's bytes. The paths float16 KV takes (every path's same answer,
+row holds a token's key or value for one KV head as int8 values and their bfloat16 scale,
+a quarter of float32's bytes and a bit. The paths float16 KV takes (every path's same answer,
 sessions, forks, the tiered store) are checked for int8 too in test_kv16.py."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_the_pass_makes_int8_rows_of_head_size_plus_a_scale(genai_model_dir, for
     assert len(kv) == 8
     for value in kv:
         assert value.type.tensor_type.elem_type == TensorProto.INT8
-        assert value.type.tensor_type.shape.dim[-1].dim_value == forge_spec.hd + 4
+        assert value.type.tensor_type.shape.dim[-1].dim_value == forge_spec.hd + 2
     attention = [n for n in model.graph.node if "GroupQueryAttention" in n.op_type]
     assert [(n.op_type, n.domain) for n in attention] == [(I8_OP, KERNEL_DOMAIN)] * 2
     assert cache_kv(moved, "int8", {})[1] == "a KV tensor's head size is not known"
@@ -62,7 +62,7 @@ def test_the_engine_keeps_int8_kv_at_about_a_quarter_of_float32s_bytes(genai_mod
                                                                  kv_dtype="float32")
     assert {p.dtype for p in small.spec.kv_pairs} == {"int8"}
     head = forge_spec.hd
-    assert small.spec.kv_bytes_per_token * 4 * head == full.spec.kv_bytes_per_token * (head + 4)
+    assert small.spec.kv_bytes_per_token * 4 * head == full.spec.kv_bytes_per_token * (head + 2)
     kv = small.describe()["kv"]
     assert isinstance(kv, dict) and kv["dtype"] == "int8"
     assert small.kernel_use is not None and small.kernel_use.kv_line() == "KV cache int8"

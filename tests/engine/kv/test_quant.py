@@ -124,3 +124,23 @@ def test_quantized_block_is_frozen() -> None:
     assert isinstance(q, QuantizedKV)
     with pytest.raises(AttributeError):
         q.dtype = "float16"  # type: ignore[misc]
+
+
+def test_cache_rows_scales_are_the_nearest_bfloat16_and_values_within_half_a_step() -> None:
+    """The live int8 cache's rows (engine.kv.quant.float_to_rows, as the kernel writes
+    them): head_dim values and a bfloat16 scale within 2^-8 of largest |x| / 127, at every
+    magnitude where the scale is a normal number (largest |x| above ~1.5e-36; a float16
+    cache holds nothing below 6e-8); each value reads back within about half a step (the
+    largest, kept at +-127 where the scale rounded down, within 127 * 2^-8 of a step)."""
+    from engine.kv.quant import float_to_rows, rows_to_float
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 40, 64)).astype(np.float32)
+    x *= np.float32(10.0) ** rng.integers(-30, 30, size=(6, 40, 1)).astype(np.float32)
+    rows = float_to_rows(x)
+    assert rows.dtype == np.int8 and rows.shape == (6, 40, 66)
+    scales = rows_to_float(np.concatenate([np.ones_like(rows[..., :1]), rows[..., 64:]], -1))
+    top = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
+    assert np.all(np.abs(scales - top) <= top * 2**-8)
+    assert np.all(np.abs(rows[..., :64]) <= 127) and np.all(np.abs(rows[..., :64]).max(-1) >= 126)
+    assert np.all(np.abs(rows_to_float(rows) - x) <= scales / 2 * (1 + 2**-7))

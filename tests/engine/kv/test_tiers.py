@@ -101,3 +101,16 @@ def test_unusable_cache_dir_warns_once_and_generation_is_unaffected(
     assert len(warnings) == 1
     assert list(results[0].token_ids) == _cold(genai_model_dir, PROMPT)
     assert results[1].token_ids == results[0].token_ids
+
+
+def test_each_kv_row_format_has_its_own_store_identity(genai_model_dir):
+    """Chunks kept on disk by one KV format are never read as another's: float16, float32
+    and the int8 rows (whose scale shrank from 4 bytes to 2) each get their own identity."""
+    from engine.kv.tiers import model_identity
+    from engine.model.kv16_pass import I8_SCALE_BYTES
+    from engine.model.model_dir import load_model_dir
+
+    model = load_model_dir(genai_model_dir)
+    ids = {d: model_identity(model, "cpu", d) for d in ("float32", "float16", "int8")}
+    assert len(set(ids.values())) == 3
+    assert f":int8+{I8_SCALE_BYTES}:" in ids["int8"] and ":int8:" not in ids["int8"]
