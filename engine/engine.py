@@ -175,8 +175,7 @@ class Engine:
         return None if self._huge_pages is None else self._huge_pages.report
 
     def wait_huge_pages(self, timeout: float | None = None) -> bool:
-        """Wait until the weights' huge-page collapse after the load is done (it runs in
-        the background: the engine serves meanwhile). True when done or never started."""
+        """Wait for the background huge-page collapse; True when done or never started."""
         return self._huge_pages is None or self._huge_pages.wait(timeout)
 
     @property
@@ -434,7 +433,8 @@ class Engine:
                 **describe_device(self.graph_capture, self.runner),
                 "speculative_head": None if self.declared_head is None
                 else self.declared_head.describe(),
-                "huge_pages": None if self.huge_pages is None else self.huge_pages.as_dict(),
+                "huge_pages": self.huge_pages.as_dict() if self.huge_pages is not None  # or
+                else "pending" if self._huge_pages is not None else None,  # running, or none
                 # whether the engine's own attention kernel runs, and why not where it does not
                 "engine_kernels": None if self.kernel_use is None
                 else self.kernel_use.as_dict(),

@@ -300,8 +300,7 @@ async def props(ctx: Ctx) -> dict[str, Any]:
             else engine.kernel_use.as_dict(),
             # the weights' move onto huge pages after the load (engine.runtime.hugepages):
             # "pending" while it waits for pauses between requests, None where not done
-            "huge_pages": engine.huge_pages.as_dict() if engine.huge_pages is not None
-            else "pending" if engine.config.huge_pages and engine.provider == "cpu" else None,
+            "huge_pages": engine.describe()["huge_pages"],
             "build_info": "onnx-local-llm worker"}
 
 
