@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.context import AppContext
+from app.views import while_alive
 from app.views.download_panel import ENDPOINT_KEY
 from app.views.models_table import named
 from engine import EngineConfig, human_size
@@ -297,7 +298,7 @@ class CatalogPanel(QWidget):
             body["context_length"] = result.context_length
         reply = self.ctx.client.call("POST", "/v1/models/load", body, admin=True,
                                      timeout_ms=15 * 60_000)
-        reply.finished.connect(lambda body: self._on_loaded(result, body))
+        reply.finished.connect(while_alive(self, lambda body: self._on_loaded(result, body)))
         reply.failed.connect(lambda failure: self.ctx.report(
             failure, f"Could not load {result.folder.name}"))
 

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QComboBox, QWidget
 
 from app.client import ApiFailure
 from app.context import AppContext
+from app.views import while_alive
 
 LOADED_MARK = "● "
 LOAD_TIMEOUT_MS = 300_000
@@ -120,8 +121,8 @@ class ModelPicker(QComboBox):
         self.ctx.busy.emit(f"Loading {name}…")
         reply = self.ctx.client.call("POST", "/v1/models/load", {"model": key}, admin=True,
                                      timeout_ms=LOAD_TIMEOUT_MS)
-        reply.finished.connect(lambda _body: self._loaded(str(key)))
-        reply.failed.connect(lambda failure: self._failed(name, failure))
+        reply.finished.connect(while_alive(self, lambda _body: self._loaded(str(key))))
+        reply.failed.connect(while_alive(self, lambda failure: self._failed(name, failure)))
 
     def _loaded(self, path: str) -> None:
         self.loading = None

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 from app.client import ApiFailure, JsonReply, single_shot
 from app.context import AppContext
 from app.remote import fim_answer, fim_request, refused
+from app.views import while_alive
 from app.views.code_editor import CodeEditor
 from app.views.code_files import CodeFiles
 
@@ -195,8 +196,10 @@ class CodeView(QWidget):
         request_id = self.requests_sent
         self._asked = (request_id, self._edits, self.editor.textCursor().position())
         reply = self.ctx.client.call("POST", path, body, timeout_ms=30_000)
-        reply.finished.connect(lambda answer: self._on_answer(reply, request_id, answer))
-        reply.failed.connect(lambda failure: self._on_failed(reply, failure))
+        # an answer can come after this view is gone (the window closed while asking)
+        reply.finished.connect(while_alive(
+            self, lambda answer: self._on_answer(reply, request_id, answer)))
+        reply.failed.connect(while_alive(self, lambda failure: self._on_failed(reply, failure)))
         self._reply = reply
         self._clock.start()
 

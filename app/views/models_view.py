@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import shiboken6
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -44,6 +43,7 @@ from app.library import (
     human_size,
     library_roots,
 )
+from app.views import while_alive
 from app.views.catalog_panel import CatalogPanel
 from app.views.download_panel import DownloadPanel
 from app.views.gauge_bar import plural
@@ -266,11 +266,7 @@ class ModelsView(QWidget):
         self.unload_button.setEnabled(self.ctx.model is not None)
 
     def _alive(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """``fn`` for a reply's signal: skipped once this view is gone (replies outlive it)."""
-        def call(*args: Any) -> None:
-            if shiboken6.isValid(self):
-                fn(*args)
-        return call
+        return while_alive(self, fn)
 
     # --- folders ------------------------------------------------------------------------
 

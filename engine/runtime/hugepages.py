@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import mmap
 import re
 import sys
 import threading
@@ -157,12 +158,19 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
         return HugePageReport(mode=mode, skipped=f"cannot call madvise: {exc}")
     before = anon_huge_bytes()
     regions = advised = collapsed = 0
+    resident = _resident_share(libc)
     for start, length in anonymous_regions(maps, min_bytes, min_resident):
         done = True
         for lo in range(start, start + length, SLICE):
             if pause is not None:
                 pause()
-            done = madvise(lo, min(SLICE, start + length - lo), MADV_COLLAPSE) == 0 and done
+            size = min(SLICE, start + length - lo)
+            # smaps was read before the pauses: the allocator may have handed part of this
+            # slice back since (the app's "Free" trims the heap), and a collapse fills
+            # every hole, so it would take back what was just freed
+            if resident(lo, size) < min_resident:
+                continue
+            done = madvise(lo, size, MADV_COLLAPSE) == 0 and done
         if done:
             collapsed += 1
         elif madvise(start, length, MADV_HUGEPAGE) != 0:
@@ -175,6 +183,26 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
                             seconds=time.perf_counter() - began)
     log.debug("huge pages: %s", report.as_dict())
     return report
+
+
+def _resident_share(libc: ctypes.CDLL) -> Callable[[int, int], float]:
+    """``share(address, length)``: the fraction of those pages now resident (``mincore``);
+    1.0 where it cannot tell (the check then only costs nothing)."""
+    mincore = getattr(libc, "mincore", None)
+    if mincore is None:
+        return lambda address, length: 1.0
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    mincore.restype = ctypes.c_int
+    page = mmap.PAGESIZE
+
+    def share(address: int, length: int) -> float:
+        pages = -(-length // page)
+        vector = ctypes.create_string_buffer(pages)
+        if mincore(address, length, vector) != 0:
+            return 1.0  # unmapped meanwhile: the collapse fails on its own
+        return sum(byte & 1 for byte in vector.raw) / pages
+
+    return share
 
 
 class _Stopped(Exception):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import shiboken6
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 
+from app.client import JsonReply
 from app.context import AppContext
 from app.paths import AppPaths
 from app.views.code_view import CodeView, fim_context
@@ -73,6 +75,22 @@ def test_escape_dismisses_the_ghost_text_and_leaves_the_text(qtbot, ctx):
     assert with_ghost != without  # the grey text was painted, and is gone
     qtbot.keyClick(view.editor, Qt.Key.Key_Tab)  # no suggestion: Tab indents
     assert view.editor.toPlainText() == text + "    "
+
+
+def test_an_answer_after_the_pane_is_closed_is_dropped_quietly(qtbot, ctx):
+    view = CodeView(ctx)  # not qtbot's to close: the test deletes it
+    view.debounce_ms, view.n_predict = 60_000, 24
+    view.show()
+    view.request_now()
+    replies = [reply for reply in ctx.client.findChildren(JsonReply) if not reply.done]
+    assert view.in_flight and replies
+    view.close()
+    view.deleteLater()
+    qtbot.waitUntil(lambda: not shiboken6.isValid(view), timeout=10_000)
+    # the answer still arrives, for a pane that is gone: nothing may raise in Qt's loop
+    # (pytest-qt fails the test if it does)
+    qtbot.waitUntil(lambda: all(not shiboken6.isValid(reply) or reply.done
+                                for reply in replies), timeout=30_000)
 
 
 def test_typing_during_a_request_aborts_it_and_only_the_newest_answer_shows(qtbot, ctx):
