@@ -11,6 +11,12 @@ connection), to arrive whole, headers and body. A request still incomplete at th
 deadline is answered ``408 Request Timeout`` and the connection closed; a connection that
 sent nothing at all is closed without an answer. Once a request has arrived the deadline
 is off: a long streamed answer is never cut by it.
+
+The 408 is followed by a lingering close: the worker stops sending (a FIN after the
+answer) and reads and drops what the client still sends for up to ``LINGER_S``, then
+closes. Closing a socket outright while the client is still sending makes the kernel
+answer its next bytes with a reset, and a reset can discard the 408 before the client
+reads it (seen: "connection reset by peer" instead of the answer).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger("engine.server")
 
 DEFAULT_READ_TIMEOUT_S = 30.0
+#: Seconds a timed-out connection is drained after its 408 before it is closed.
+LINGER_S = 2.0
 
 
 def _timeout_answer(read_timeout: float) -> bytes:
@@ -44,6 +52,7 @@ class ReadDeadlineProtocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_after: Any = None  # the cycle answered before the awaited request
         self._bytes_waiting = 0  # bytes received since the deadline was armed
+        self._lingering = False  # answered 408: what arrives now is dropped
 
     # the deadline's life: armed at the connection's start and after each answer,
     # off once the awaited request (a new cycle) has all of its body
@@ -69,6 +78,8 @@ class ReadDeadlineProtocol(H11Protocol):
         self._arm(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         self._bytes_waiting += len(data)
         super().data_received(data)
         self._check_arrived()
@@ -96,12 +107,25 @@ class ReadDeadlineProtocol(H11Protocol):
             return
         log.info("closed a connection from %s: its request was not whole after %g s "
                  "(--read-timeout)", client, self.read_timeout)
-        if cycle is None or not cycle.response_started:
-            self.transport.write(_timeout_answer(self.read_timeout))
         if cycle is not None:  # the app waits on the body: it reads a disconnect
             cycle.disconnected = True
             cycle.message_event.set()
-        self.transport.close()
+        if cycle is not None and cycle.response_started:
+            self.transport.close()
+            return
+        self.transport.write(_timeout_answer(self.read_timeout))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Half-close after the 408 and drop what still arrives, then close (see the
+        module); the client's own close ends it sooner (``eof_received``)."""
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._lingering = True
+        self.transport.write_eof()
+        self.transport.resume_reading()  # h11 may have paused it mid-request
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def read_deadline_protocol(read_timeout: float) -> type[ReadDeadlineProtocol]:

@@ -71,6 +71,23 @@ def test_trickled_headers_are_answered_408_and_closed(strict_server: LiveServer)
     assert b"--read-timeout" in answer
 
 
+def test_the_408_reaches_a_client_that_goes_on_sending(strict_server: LiveServer):
+    # A slow client is still sending when the deadline passes: the worker answers 408 and
+    # drains what follows before closing; closed outright, the client's next bytes would
+    # be answered with a reset that can discard the 408 unread.
+    sock = connect(strict_server)
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+        time.sleep(1.5 * READ_TIMEOUT)  # answered meanwhile (LINGER_S ago at most); unread
+        for _ in range(5):
+            sock.sendall(b"X-Pad: a\r\n")
+            time.sleep(0.05)
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
 def test_a_body_that_never_completes_is_answered_408_and_closed(strict_server: LiveServer):
     sock = connect(strict_server)
     body = b'{"prompt": "def f(x):", "n_predict": 4}'
