@@ -7,7 +7,8 @@ present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run wi
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 ``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
 ``ours-i8``, ``ours-i8-avx2``: GroupQueryAttentionI8KV over an int8 cache (rows of
-int8 values and a scale; where the CPU has AMX-BF16 its scores run on the tile unit);
+int8 values and a scale); where the CPU has AMX-BF16 the int8 and float16 arms' scores
+run on the tile unit;
 ``ours-avx512``, ``ours-f16-avx512``, ``ours-i8-avx512``: the same without AMX;
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
 float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
@@ -40,6 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._fresh import run_worker  # noqa: E402
+from engine.model.kv16_pass import I8_SCALE_BYTES  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
@@ -60,7 +62,7 @@ def _graph(domain: str, capacity: int, new: int, f16: bool = False, i8: bool = F
               helper.make_tensor_value_info("cos", TensorProto.FLOAT, [capacity, HEAD // 2]),
               helper.make_tensor_value_info("sin", TensorProto.FLOAT, [capacity, HEAD // 2])]
     nodes, outputs = [], []
-    cache = [1, KV_HEADS, capacity, HEAD + (4 if i8 else 0)]
+    cache = [1, KV_HEADS, capacity, HEAD + (I8_SCALE_BYTES if i8 else 0)]
     kv_type = TensorProto.INT8 if i8 else TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
     op = "GroupQueryAttentionI8KV" if i8 else "GroupQueryAttentionF16KV" if f16 else \
         "GroupQueryAttention"
@@ -135,7 +137,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
         times.append(time.perf_counter() - start)
     times.sort()
     ms = times[len(times) // 2] * 1e3
-    row = HEAD + 4 if i8 else HEAD * (2 if f16 else 4)  # cache bytes a token's row
+    row = HEAD + I8_SCALE_BYTES if i8 else HEAD * (2 if f16 else 4)  # cache bytes a token's row
     read = LAYERS * 2 * KV_HEADS * length * row  # cache bytes a step reads
     return {"arm": arm, "length": length, "new": new, "step_ms": ms, "best_ms": times[0] * 1e3,
             "gb_s": read / ms / 1e6}

@@ -746,13 +746,14 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 #define TILE_BYTES 1024 /* 16 rows of 64 bytes: every tile this code loads */
 #define AMX_MAX_HEAD 128
-/* per thread: Q^T (16-vector tiles x head/32 x hi, lo), two groups of sixteen keys' rows,
-   two score tiles as floats and a chunk's scales */
+/* per thread: Q^T (16-vector tiles x head/32 x hi, lo), two groups of sixteen keys' rows
+   (each hi, then lo for a float16 cache), two score tiles as floats and a chunk's scales */
 #define AMX_Q_BYTES ((MAX_VECTORS / 16) * (AMX_MAX_HEAD / 32) * 2 * TILE_BYTES)
-#define AMX_K_BYTES (2 * 16 * AMX_MAX_HEAD * 2)
+#define AMX_GROUP_HALVES (2 * 16 * AMX_MAX_HEAD) /* one group of keys: hi and lo rows */
+#define AMX_K_BYTES (2 * AMX_GROUP_HALVES * 2)
 #define AMX_SCRATCH (AMX_Q_BYTES + AMX_K_BYTES + 2 * 16 * 16 * 4 + CHUNK * 4)
 
-/* 1: an int8 cache's scores run on AMX tiles (set at registration). */
+/* 1: an int8 or float16 cache's scores run on AMX tiles (set at registration). */
 static int g_amx;
 
 typedef struct TileConfig {
@@ -817,7 +818,8 @@ AMX_TARGET static inline void split32(__m512 x0, __m512 x1, __m512i* hi, __m512i
 typedef struct AmxPart {
   const Step* s;
   int64_t ra, rb, g, t0, reach; /* rows ra..rb-1, KV head g, positions t0.. (reach of them) */
-  const int8_t* keys;           /* the batch row's KV head's row t0 */
+  const char* keys;             /* the batch row's KV head's row t0 (KV_I8 or KV_F16 rows) */
+  int kind;
 } AmxPart;
 
 /* Query vector v of the part (v < (rb - ra) * group). */
@@ -871,12 +873,37 @@ AMX_TARGET static inline void amx_scatter(const float* c, const float* scale, fl
     _mm512_storeu_ps(scores + (qt * 16 + n) * CHUNK + kt, _mm512_mul_ps(r[n], keys_scale));
 }
 
+/* Keys 16 k.. of a float16 part as bfloat16 rows into kq: hi (16 rows of D), then lo (16
+   rows): hi the key cut to a bfloat16, lo the rest. A float16 has three significant bits
+   more than a bfloat16, so both are exact and hi + lo is the key. Zero past reach. */
+AMX_TARGET static inline void amx_stage_f16(const AmxPart* a, int64_t k, uint16_t* kq, const int64_t D) {
+  const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t key = 16 * k + i;
+    const uint16_t* row = (const uint16_t*)a->keys + key * D;
+    if (key + 32 < a->reach) _mm_prefetch((const char*)(row + 32 * D), _MM_HINT_T0);
+    for (int64_t h = 0; h < D / 32; ++h) {
+      __m512i hi = _mm512_setzero_si512(), lo = hi;
+      if (key < a->reach) {
+        const __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 32 * h)));
+        const __m512 x1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 32 * h + 16)));
+        const __m512 h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), top));
+        const __m512 h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), top));
+        hi = (__m512i)_mm512_cvtne2ps_pbh(h1, h0);
+        lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+      }
+      _mm512_store_si512((__m512i*)(kq + i * D + 32 * h), hi);
+      _mm512_store_si512((__m512i*)(kq + 16 * D + i * D + 32 * h), lo);
+    }
+  }
+}
+
 /* Keys 16 k.. of the part: their integers as bfloat16 rows into kq (zero past reach), their
    scales into scale. A key four groups ahead is fetched meanwhile. */
 AMX_TARGET static inline void amx_stage(const AmxPart* a, int64_t k, uint16_t* kq, float* scale, const int64_t D) {
   for (int64_t i = 0; i < 16; ++i) {
     const int64_t key = 16 * k + i;
-    const int8_t* row = a->keys + key * I8_ROW(D);
+    const int8_t* row = (const int8_t*)a->keys + key * I8_ROW(D);
     if (key + 64 < a->reach) _mm_prefetch((const char*)(row + 64 * I8_ROW(D)), _MM_HINT_T0);
     scale[i] = key < a->reach ? i8_scale(row, D) : 0.0f;
     for (int64_t h = 0; h < D / 32; ++h) {
@@ -894,12 +921,13 @@ AMX_TARGET static inline void amx_stage(const AmxPart* a, int64_t k, uint16_t* k
 /* The scores of the part's query vectors over positions 0..reach-1 of the chunk into
    `scores` (row v of the part at scores + v * CHUNK), sixteen keys a tile. Software
    pipelined: the next sixteen keys are staged while the tile unit works on these, and two
-   score tiles take turns, one moved into the rows while the other is computed. */
+   score tiles take turns, one moved into the rows while the other is computed. (A float16
+   cache: amx_scores_f16.) */
 AMX_TARGET static void amx_scores(const AmxPart* a, unsigned char* stage, int64_t nq, float* scores,
                                   const int64_t D) {
   const int64_t H = D / 32, groups = (a->reach + 15) / 16;
   unsigned char* qb = stage;
-  uint16_t* kbuf = (uint16_t*)(stage + AMX_Q_BYTES); /* two groups of [16][D] */
+  uint16_t* kbuf = (uint16_t*)(stage + AMX_Q_BYTES); /* two groups of [16][D] (hi, lo) */
   float* c = (float*)(stage + AMX_Q_BYTES + AMX_K_BYTES); /* two tiles of floats */
   float* scales = c + 2 * 256;                             /* the chunk's keys' */
   amx_pack_queries(a, qb, nq, D);
@@ -927,8 +955,8 @@ AMX_TARGET static void amx_scores(const AmxPart* a, unsigned char* stage, int64_
     _tile_stored(C, c + 256 * ((C) != 0), 64);                          \
   } while (0)
   for (int64_t k = 0; k < groups; ++k) {
-    const uint16_t* kq = kbuf + (k & 1) * 16 * D;
-    if (k + 1 < groups) amx_stage(a, k + 1, kbuf + ((k + 1) & 1) * 16 * D, scales + 16 * (k + 1), D);
+    const uint16_t* kq = kbuf + (k & 1) * 2 * 16 * D;
+    if (k + 1 < groups) amx_stage(a, k + 1, kbuf + ((k + 1) & 1) * 2 * 16 * D, scales + 16 * (k + 1), D);
     if (H == 2) {
       _tile_loadd(1, kq, 2 * D);
       _tile_loadd(2, kq + 32, 2 * D);
@@ -946,6 +974,120 @@ AMX_TARGET static void amx_scores(const AmxPart* a, unsigned char* stage, int64_
   }
   amx_scatter(c + 256 * !flip, scales + 16 * pending_k, scores, pending_q, 16 * pending_k, nq);
 #undef AMX_TILE
+}
+
+/* Q^T for a float16 cache: tile (qt, h) holds query vectors 8 qt.. and dimensions 32 h..,
+   its columns 0-7 the vectors' hi, 8-15 their lo (row p the pairs 2p, 2p + 1). */
+AMX_TARGET static void amx_pack_queries_f16(const AmxPart* a, unsigned char* qb, int64_t nq, const int64_t D) {
+  const int64_t H = D / 32;
+  for (int64_t qt = 0; qt * 8 < nq; ++qt)
+    for (int64_t h = 0; h < H; ++h) {
+      __m512 col[16];
+      for (int64_t n = 0; n < 8; ++n) {
+        const int64_t v = qt * 8 + n;
+        __m512i x = _mm512_setzero_si512(), y = x;
+        if (v < nq) {
+          const float* q = AMX_Q(a, v) + 32 * h;
+          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x, &y);
+        }
+        col[n] = _mm512_castsi512_ps(x);
+        col[8 + n] = _mm512_castsi512_ps(y);
+      }
+      transpose16(col, col);
+      unsigned char* t = qb + (qt * H + h) * TILE_BYTES;
+      for (int p = 0; p < 16; ++p) _mm512_store_ps((float*)(t + p * 64), col[p]);
+    }
+}
+
+/* Sixteen keys' scores for the vectors of tile qt (C: key i's row, the vectors' hi sums
+   in columns 0-7, lo in 8-15) into their rows of `scores` at kt: hi + lo. */
+AMX_TARGET static inline void amx_scatter_f16(const float* c, float* scores, int64_t qt, int64_t kt, int64_t nq) {
+  const int64_t valid = nq - 8 * qt < 8 ? nq - 8 * qt : 8;
+  if (valid <= 3) {
+    const __m512i rows = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+    for (int64_t n = 0; n < valid; ++n)
+      _mm512_storeu_ps(scores + (qt * 8 + n) * CHUNK + kt,
+                       _mm512_add_ps(_mm512_i32gather_ps(rows, c + n, 4), _mm512_i32gather_ps(rows, c + 8 + n, 4)));
+    return;
+  }
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + 16 * i);
+  transpose16(r, r); /* r[n]: column n for the sixteen keys */
+  for (int64_t n = 0; n < valid; ++n)
+    _mm512_storeu_ps(scores + (qt * 8 + n) * CHUNK + kt, _mm512_add_ps(r[n], r[8 + n]));
+}
+
+/* amx_scores for a float16 cache. Each key is hi + lo and each query vector hi + lo
+   (bfloat16 each, exact for the key), so a score needs four tile products. With the
+   vectors' hi and lo side by side in one tile's columns (eight vectors a tile), two tile
+   products per 32 dimensions give all four: the key's hi, then its lo, times both
+   halves of the vectors; the columns' two sums are added last. A decode step's three
+   vectors then cost two tile products, not four, and a prefill's the same as four
+   products over sixteen vectors. Each score is the same sum of the same products in the
+   same order whatever the number of vectors. */
+AMX_TARGET static void amx_scores_f16(const AmxPart* a, unsigned char* stage, int64_t nq, float* scores,
+                                      const int64_t D) {
+  const int64_t H = D / 32, groups = (a->reach + 15) / 16;
+  unsigned char* qb = stage;
+  uint16_t* kbuf = (uint16_t*)(stage + AMX_Q_BYTES); /* two groups of [16][D] hi, then lo */
+  float* c = (float*)(stage + AMX_Q_BYTES + AMX_K_BYTES);
+  amx_pack_queries_f16(a, qb, nq, D);
+  amx_stage_f16(a, 0, kbuf, D);
+  int flip = 0;
+  int64_t pending_q = -1, pending_k = 0;
+  /* one tile of vectors (a decode step) with a head of 64: its two Q tiles stay loaded */
+  const int resident = H == 2 && nq <= 8;
+  if (resident) {
+    _tile_loadd(5, qb, 64);
+    _tile_loadd(6, qb + TILE_BYTES, 64);
+  }
+#define AMX_TILE_F16(C)                                             \
+  do {                                                              \
+    _tile_zero(C);                                                  \
+    for (int64_t h = 0; h < H; ++h) {                               \
+      if (resident && h) {                                          \
+        _tile_dpbf16ps(C, 2, 6);                                    \
+        _tile_dpbf16ps(C, 4, 6);                                    \
+        continue;                                                   \
+      }                                                             \
+      if (!resident) _tile_loadd(5, qb + (qt * H + h) * TILE_BYTES, 64); \
+      if (H == 2 && h) {                                            \
+        _tile_dpbf16ps(C, 2, 5);                                    \
+        _tile_dpbf16ps(C, 4, 5);                                    \
+      } else if (H == 2) {                                          \
+        _tile_dpbf16ps(C, 1, 5);                                    \
+        _tile_dpbf16ps(C, 3, 5);                                    \
+      } else {                                                      \
+        _tile_loadd(1, kq + 32 * h, 2 * D);                         \
+        _tile_loadd(3, kq + 16 * D + 32 * h, 2 * D);                \
+        _tile_dpbf16ps(C, 1, 5);                                    \
+        _tile_dpbf16ps(C, 3, 5);                                    \
+      }                                                             \
+    }                                                               \
+    _tile_stored(C, c + 256 * ((C) != 0), 64);                      \
+  } while (0)
+  for (int64_t k = 0; k < groups; ++k) {
+    const uint16_t* kq = kbuf + (k & 1) * 2 * 16 * D;
+    if (k + 1 < groups) amx_stage_f16(a, k + 1, kbuf + ((k + 1) & 1) * 2 * 16 * D, D);
+    if (H == 2) {
+      _tile_loadd(1, kq, 2 * D);
+      _tile_loadd(2, kq + 32, 2 * D);
+      _tile_loadd(3, kq + 16 * D, 2 * D);
+      _tile_loadd(4, kq + 16 * D + 32, 2 * D);
+    }
+    for (int64_t qt = 0; qt * 8 < nq; ++qt) {
+      if (flip)
+        AMX_TILE_F16(7);
+      else
+        AMX_TILE_F16(0);
+      if (pending_q >= 0) amx_scatter_f16(c + 256 * !flip, scores, pending_q, 16 * pending_k, nq);
+      pending_q = qt;
+      pending_k = k;
+      flip = !flip;
+    }
+  }
+  amx_scatter_f16(c + 256 * !flip, scores, pending_q, 16 * pending_k, nq);
+#undef AMX_TILE_F16
 }
 #undef AMX_Q
 #endif
@@ -1072,6 +1214,67 @@ __attribute__((target("avx512f"), noinline)) static void weigh_zmm(const float* 
     weigh_n(p, V, to, acc_out, 64, 6);
   else
     weigh_n(p, V, to, acc_out, 128, 3);
+}
+
+/* weigh_n over a float16 cache's values, t in [from, to): each row converted in registers
+   as it is loaded (a conversion is exact), so each sum gets weigh's operations on the same
+   floats without the tile of floats written and read back. */
+__attribute__((target("avx512f"))) static ALWAYS_INLINE void weigh_n_f16(const float* const* p, const uint16_t* V,
+                                                                       int64_t from, int64_t to,
+                                                                       float* const* acc_out, const int64_t D,
+                                                                       const int n) {
+  const int z = (int)(D / 16);
+  __m512 a[24];
+  for (int e = 0; e < n; ++e)
+    for (int j = 0; j < z; ++j) a[e * z + j] = _mm512_loadu_ps(acc_out[e] + 16 * j);
+  for (int64_t t = from; t < to; ++t) {
+    const uint16_t* v = V + t * D;
+    __m512 row[8];
+    for (int j = 0; j < z; ++j) row[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v + 16 * j)));
+    for (int e = 0; e < n; ++e) {
+      const __m512 w = _mm512_set1_ps(p[e][t]);
+      for (int j = 0; j < z; ++j) a[e * z + j] = _mm512_fmadd_ps(w, row[j], a[e * z + j]);
+    }
+  }
+  for (int e = 0; e < n; ++e)
+    for (int j = 0; j < z; ++j) _mm512_storeu_ps(acc_out[e] + 16 * j, a[e * z + j]);
+}
+
+/* The weighted sums of `nv` query vectors over one batch row's float16 values (AVX-512,
+   a head of 64 or 128): up to WEIGH_WIDE(D) vectors a pass over their common positions,
+   then each vector's own remaining ones. A decode step's three vectors take one pass. */
+__attribute__((target("avx512f"), noinline)) static void weigh_f16(const float* const* p, const uint16_t* V,
+                                                                  const int64_t* to, float* const* acc_out,
+                                                                  int64_t nv, int64_t D) {
+  const int64_t wide = D == 64 ? 6 : 3;
+  for (int64_t i = 0; i < nv; i += wide) {
+    const int64_t n = nv - i < wide ? nv - i : wide;
+    int64_t common = to[i];
+    for (int64_t e = i + 1; e < i + n; ++e) common = to[e] < common ? to[e] : common;
+#define WEIGH_F16_N(N)                                                        \
+  case N:                                                                     \
+    if (D == 64)                                                              \
+      weigh_n_f16(p + i, V, 0, common, acc_out + i, 64, N);                   \
+    else                                                                      \
+      weigh_n_f16(p + i, V, 0, common, acc_out + i, 128, N < 3 ? N : 3);     \
+    break;
+    switch (n) {
+      WEIGH_F16_N(1)
+      WEIGH_F16_N(2)
+      WEIGH_F16_N(3)
+      WEIGH_F16_N(4)
+      WEIGH_F16_N(5)
+      WEIGH_F16_N(6)
+    }
+#undef WEIGH_F16_N
+    for (int64_t e = i; e < i + n; ++e)
+      if (to[e] > common) {
+        if (D == 64)
+          weigh_n_f16(p + e, V, common, to[e], acc_out + e, 64, 1);
+        else
+          weigh_n_f16(p + e, V, common, to[e], acc_out + e, 128, 1);
+      }
+  }
 }
 #else
 #define WEIGH_WIDE(D) 0
@@ -1253,8 +1456,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
 #ifdef HAVE_AMX
-  /* an int8 cache's scores on AMX tiles, where the CPU has them (see amx_scores) */
-  const int amx = g_amx && kind == KV_I8 && (D == 64 || D == 128);
+  /* an int8 or float16 cache's scores on AMX tiles, where the CPU has them (amx_scores) */
+  const int amx = g_amx && kind != KV_F32 && (D == 64 || D == 128);
   unsigned char* stage = amx ? amx_scratch() : NULL;
   if (amx && stage == NULL) {
     ((Step*)s)->failed = 1; /* the run reports it */
@@ -1264,8 +1467,11 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     amx_begin();
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
       rb = BATCH_END(ra);
-      const AmxPart part = {s, ra, rb, g, t0, ROW_N(rb - 1), (const int8_t*)KVC_AT(s->keys, ra, 0)};
-      if (part.reach > 0) amx_scores(&part, stage, (rb - ra) * G, scores + (ra - r0) * G * CHUNK, D);
+      const AmxPart part = {s, ra, rb, g, t0, ROW_N(rb - 1), KVC_AT(s->keys, ra, 0), kind};
+      if (part.reach > 0 && kind == KV_F16)
+        amx_scores_f16(&part, stage, (rb - ra) * G, scores + (ra - r0) * G * CHUNK, D);
+      else if (part.reach > 0)
+        amx_scores(&part, stage, (rb - ra) * G, scores + (ra - r0) * G * CHUNK, D);
     }
     amx_end();
   } else
@@ -1361,6 +1567,28 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     rb = kind ? BATCH_END(ra) : r1;
     if (kind) {
       if (ROW_N(rb - 1) <= ts) continue;
+#ifdef HAVE_X86_PATHS
+      /* a float16 cache's values for a few vectors: converted in registers (weigh_f16) */
+      if (kind == KV_F16 && g_isa == 2 && (D == 64 || D == 128)) {
+        const float* fp[MAX_VECTORS];
+        float* fa[MAX_VECTORS];
+        int64_t fm[MAX_VECTORS];
+        int64_t nf = 0;
+        for (int64_t r = ra; r < rb; ++r) {
+          const int64_t n = ROW_N(r);
+          if (n <= ts) continue;
+          for (int64_t j = 0; j < G; ++j, ++nf) {
+            fp[nf] = scores + ((r - r0) * G + j) * CHUNK + ts;
+            fa[nf] = accs + ((r - r0) * G + j) * D;
+            fm[nf] = n - ts < TILE ? n - ts : TILE;
+          }
+        }
+        if (nf <= WEIGH_WIDE(D)) { /* one pass (a decode step); more convert the tile once */
+          weigh_f16(fp, (const uint16_t*)KVC_AT(s->values, ra, ts), fm, fa, nf, D);
+          continue;
+        }
+      }
+#endif
       CONVERT_TILE(s->values, ra, ts);
     }
     const float* vp[MAX_VECTORS];
@@ -1888,7 +2116,7 @@ static const char* choose_paths(void) {
   if (!__builtin_cpu_supports("avx512f")) return "avx2+fma";
 #ifdef HAVE_AMX
   if (choice != NULL && strcmp(choice, "avx512") == 0) return "avx2+fma: and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)";
-  if (amx_available()) return "avx2+fma: and AVX-512, AMX-BF16 for int8 KV";
+  if (amx_available()) return "avx2+fma: and AVX-512, AMX-BF16 for int8 and float16 KV";
 #endif
   return "avx2+fma: and AVX-512";
 #else

@@ -57,7 +57,7 @@ def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
     flags = _cpu_flags()
     found = kernels.status()
     amx = sys.platform == "linux" and {"amx_bf16", "avx512_bf16", "avx512bw"} <= flags
-    assert ("AMX-BF16 for int8 KV" in (found.reason or "")) == amx, found.line()
+    assert ("AMX-BF16 for int8 and float16 KV" in (found.reason or "")) == amx, found.line()
     monkeypatch.setenv(kernels.ENV, "avx512")
     plain = kernels.status()
     assert "AMX" not in (plain.reason or "").replace("AMX left out", "")
