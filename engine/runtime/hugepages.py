@@ -160,7 +160,7 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
     regions = advised = collapsed = 0
     resident = _resident_share(libc)
     for start, length in anonymous_regions(maps, min_bytes, min_resident):
-        done = True
+        done, left = True, 0
         for lo in range(start, start + length, SLICE):
             if pause is not None:
                 pause()
@@ -169,8 +169,11 @@ def advise_huge_pages(min_bytes: int = 8 * 1024 * 1024, min_resident: float = 0.
             # slice back since (the app's "Free" trims the heap), and a collapse fills
             # every hole, so it would take back what was just freed
             if resident(lo, size) < min_resident:
+                left += size
                 continue
             done = madvise(lo, size, MADV_COLLAPSE) == 0 and done
+        if left == length:
+            continue  # all of it sparse by now: left alone, and not reported
         if done:
             collapsed += 1
         elif madvise(start, length, MADV_HUGEPAGE) != 0:

@@ -246,3 +246,24 @@ def test_the_collapse_waits_for_a_pause_in_the_requests_not_a_gap_between_two() 
     advice.end()
     assert paused.wait(30)  # a quiet moment is
     advice.wait(30)
+
+
+def test_a_region_freed_whole_while_the_collapse_waits_is_not_reported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if thp_mode() in ("never", "unknown"):
+        pytest.skip("no transparent huge pages on this kernel")
+    buffer = _fresh_buffer()
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    monkeypatch.setattr(hugepages, "anonymous_regions",
+                        lambda *args, **kwargs: [(start, 60 * MIB)])
+    freed = []
+
+    def pause() -> None:  # the walk's pause: the whole buffer is handed back then
+        if not freed:
+            buffer.madvise(mmap.MADV_DONTNEED)
+            freed.append(1)
+
+    report = advise_huge_pages(min_bytes=32 * MIB, pause=pause)
+    assert report.regions == 0 and report.collapsed_regions == 0
+    assert _resident(buffer, start - address, 60 * MIB) == 0
