@@ -257,7 +257,7 @@ def test_a_region_freed_whole_while_the_collapse_waits_is_not_reported(
     start = -(-address // HUGE_PAGE) * HUGE_PAGE
     monkeypatch.setattr(hugepages, "anonymous_regions",
                         lambda *args, **kwargs: [(start, 60 * MIB)])
-    freed = []
+    freed: list[int] = []
 
     def pause() -> None:  # the walk's pause: the whole buffer is handed back then
         if not freed:
