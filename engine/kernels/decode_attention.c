@@ -825,6 +825,18 @@ typedef struct AmxPart {
 /* Query vector v of the part (v < (rb - ra) * group). */
 #define AMX_Q(a, v) ((a)->s->q + (((a)->ra + (v) / (a)->s->group) * (a)->s->heads + (a)->g * (a)->s->group + (v) % (a)->s->group) * D)
 
+/* Query vector v's dimensions 32 h.. as bfloat16 hi and lo (split32); zero for v >= nq. */
+AMX_TARGET static inline void amx_query_parts(const AmxPart* a, int64_t v, int64_t nq, int64_t h, __m512* hi,
+                                              __m512* lo, const int64_t D) {
+  __m512i x = _mm512_setzero_si512(), y = x;
+  if (v < nq) {
+    const float* q = AMX_Q(a, v) + 32 * h;
+    split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x, &y);
+  }
+  *hi = _mm512_castsi512_ps(x);
+  *lo = _mm512_castsi512_ps(y);
+}
+
 /* Q^T as B tiles: tile (qt, h, part) holds query vectors 16 qt.. and dimensions 32 h..,
    row p the pairs (2p, 2p + 1) of the sixteen vectors (hi, then lo). */
 AMX_TARGET static void amx_pack_queries(const AmxPart* a, unsigned char* qb, int64_t nq, const int64_t D) {
@@ -832,16 +844,7 @@ AMX_TARGET static void amx_pack_queries(const AmxPart* a, unsigned char* qb, int
   for (int64_t qt = 0; qt * 16 < nq; ++qt)
     for (int64_t h = 0; h < H; ++h) {
       __m512 hi[16], lo[16];
-      for (int64_t n = 0; n < 16; ++n) {
-        const int64_t v = qt * 16 + n;
-        __m512i x = _mm512_setzero_si512(), y = x;
-        if (v < nq) {
-          const float* q = AMX_Q(a, v) + 32 * h;
-          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x, &y);
-        }
-        hi[n] = _mm512_castsi512_ps(x);
-        lo[n] = _mm512_castsi512_ps(y);
-      }
+      for (int64_t n = 0; n < 16; ++n) amx_query_parts(a, qt * 16 + n, nq, h, &hi[n], &lo[n], D);
       transpose16(hi, hi);
       transpose16(lo, lo);
       unsigned char* t = qb + (qt * H + h) * 2 * TILE_BYTES;
@@ -983,16 +986,7 @@ AMX_TARGET static void amx_pack_queries_f16(const AmxPart* a, unsigned char* qb,
   for (int64_t qt = 0; qt * 8 < nq; ++qt)
     for (int64_t h = 0; h < H; ++h) {
       __m512 col[16];
-      for (int64_t n = 0; n < 8; ++n) {
-        const int64_t v = qt * 8 + n;
-        __m512i x = _mm512_setzero_si512(), y = x;
-        if (v < nq) {
-          const float* q = AMX_Q(a, v) + 32 * h;
-          split32(_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), &x, &y);
-        }
-        col[n] = _mm512_castsi512_ps(x);
-        col[8 + n] = _mm512_castsi512_ps(y);
-      }
+      for (int64_t n = 0; n < 8; ++n) amx_query_parts(a, qt * 8 + n, nq, h, &col[n], &col[8 + n], D);
       transpose16(col, col);
       unsigned char* t = qb + (qt * H + h) * TILE_BYTES;
       for (int p = 0; p < 16; ++p) _mm512_store_ps((float*)(t + p * 64), col[p]);

@@ -129,6 +129,18 @@ def test_the_engine_reports_what_it_did_and_can_be_told_not_to(genai_model_dir: 
         off.close()
 
 
+def _advise_only(buffer: mmap.mmap, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make the advice's regions the 60 MiB of ``buffer`` from its first huge-page boundary
+    alone (the walk of smaps is tested above), so what else the kernel (or an earlier
+    test's engine) did to the process meanwhile cannot leave the advice nothing to slice;
+    that boundary's offset in ``buffer``."""
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    monkeypatch.setattr(hugepages, "anonymous_regions",
+                        lambda *args, **kwargs: [(start, 60 * MIB)])
+    return start - address
+
+
 def test_the_collapse_waits_between_slices_while_a_request_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The engine pauses the background collapse while a request runs (a first request
@@ -136,13 +148,7 @@ def test_the_collapse_waits_between_slices_while_a_request_runs(
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
     buffer = _fresh_buffer(collapsible=False)
-    # The walk of smaps is tested above; here the regions are this buffer alone, so what
-    # else the kernel (or an earlier test's engine) did to the process meanwhile cannot
-    # leave the advice nothing to slice.
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    monkeypatch.setattr(hugepages, "anonymous_regions",
-                        lambda *args, **kwargs: [(start, 60 * MIB)])
+    _advise_only(buffer, monkeypatch)
     gate, reached = threading.Event(), threading.Event()
     slices = []
 
@@ -184,12 +190,8 @@ def test_memory_freed_while_the_collapse_waits_stays_freed(
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
     buffer = _fresh_buffer()
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    offset = start - address
-    monkeypatch.setattr(hugepages, "anonymous_regions",
-                        lambda *args, **kwargs: [(start, 60 * MIB)])
-    freed = offset + 3 * SLICE  # the fourth slice: freed (but its first page) meanwhile
+    # the fourth slice: freed (but its first page) meanwhile
+    freed = _advise_only(buffer, monkeypatch) + 3 * SLICE
     slices = []
 
     def pause() -> None:
@@ -253,10 +255,7 @@ def test_a_region_freed_whole_while_the_collapse_waits_is_not_reported(
     if thp_mode() in ("never", "unknown"):
         pytest.skip("no transparent huge pages on this kernel")
     buffer = _fresh_buffer()
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    monkeypatch.setattr(hugepages, "anonymous_regions",
-                        lambda *args, **kwargs: [(start, 60 * MIB)])
+    offset = _advise_only(buffer, monkeypatch)
     freed: list[int] = []
 
     def pause() -> None:  # the walk's pause: the whole buffer is handed back then
@@ -266,4 +265,4 @@ def test_a_region_freed_whole_while_the_collapse_waits_is_not_reported(
 
     report = advise_huge_pages(min_bytes=32 * MIB, pause=pause)
     assert report.regions == 0 and report.collapsed_regions == 0
-    assert _resident(buffer, start - address, 60 * MIB) == 0
+    assert _resident(buffer, offset, 60 * MIB) == 0
