@@ -165,7 +165,14 @@ class KernelStatus:
                 "not built": "the engine kernels are not built",
                 "cannot load": "the engine kernels cannot be loaded",
                 }[self.state]
-        text = head + (f": {self.reason}" if self.reason else "")
+        reason = self.reason
+        if self.state == "avx2+fma" and reason is not None and reason.startswith("and "):
+            # the wider paths this CPU adds ("and AVX-512, AMX-BF16 for ..."), in the
+            # parentheses: "(AVX2+FMA and AVX-512; AMX left out: ...)"
+            more, _, why = reason.removesuffix(")").partition(" (") if reason.endswith(")") \
+                else (reason, "", "")
+            head, reason = head[:-1] + f" {more}" + (f"; {why}" if why else "") + ")", None
+        text = head + (f": {reason}" if reason else "")
         return text + (f"; {self.fix}" if self.fix else "")
 
     def as_dict(self) -> dict[str, object]:

@@ -214,3 +214,20 @@ def test_on_a_gpu_provider_the_nodes_keep_onnx_runtimes_kernel(genai_model_dir, 
     graph, _, use = providers.pruned_graph(model.model_file, spec, EngineConfig(), "cuda", 2)
     assert graph is None and use.moved == 0
     assert dict(use.kept) == {"runs on cuda, the kernel is for the CPU": 2}
+
+
+def test_the_wider_paths_a_cpu_adds_read_as_one_list_in_the_status_line():
+    """`python -m engine.kernels` and the About dialog: "(AVX2+FMA and AVX-512, ...)"
+    rather than "(AVX2+FMA): and AVX-512"."""
+    def line(reason: str | None) -> str:
+        return kernels.KernelStatus("avx2+fma", "/lib", reason, None, None).line()
+
+    assert line("and AVX-512") == "the engine kernels are ready (AVX2+FMA and AVX-512)"
+    assert line("and AVX-512, AMX-BF16 for int8 and float16 KV") == (
+        "the engine kernels are ready (AVX2+FMA and AVX-512, AMX-BF16 for int8 and float16 KV)")
+    assert line("and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)") == (
+        "the engine kernels are ready (AVX2+FMA and AVX-512; AMX left out: "
+        "ONNX_GENAI_KERNELS=avx512)")
+    assert line("AVX-512 left out (ONNX_GENAI_KERNELS=avx2)") == (
+        "the engine kernels are ready (AVX2+FMA): AVX-512 left out (ONNX_GENAI_KERNELS=avx2)")
+    assert line(None) == "the engine kernels are ready (AVX2+FMA)"
