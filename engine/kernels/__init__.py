@@ -169,8 +169,8 @@ class KernelStatus:
         if self.state == "avx2+fma" and reason is not None and reason.startswith("and "):
             # the wider paths this CPU adds ("and AVX-512, AMX-BF16 for ..."), in the
             # parentheses: "(AVX2+FMA and AVX-512; AMX left out: ...)"
-            more, _, why = reason.removesuffix(")").partition(" (") if reason.endswith(")") \
-                else (reason, "", "")
+            more, _, why = reason.partition(" (")
+            why = why.removesuffix(")")
             head, reason = head[:-1] + f" {more}" + (f"; {why}" if why else "") + ")", None
         text = head + (f": {reason}" if reason else "")
         return text + (f"; {self.fix}" if self.fix else "")
