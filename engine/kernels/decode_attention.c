@@ -174,7 +174,7 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
 
 /* ---- the decode step ------------------------------------------------------------ */
 
-#define CHUNK 256   /* positions per task */
+#define CHUNK 512   /* positions per task */
 /* Most query vectors one call of attend takes (its maxima and sums on the stack). */
 #define MAX_VECTORS 256
 #define MAX_HEAD 256
@@ -191,6 +191,7 @@ typedef struct Step {
   volatile int failed;     /* a row task could not get its scratch memory */
   int kind;                /* KV_F32, KV_F16 (uint16_t bits), KV_I8 (I8_ROW bytes a row) */
   int64_t window;          /* local_window_size: a row attends its last `window` positions (<= 0: all) */
+  int64_t block;           /* row tasks: rows a task (row_block) */
 } Step;
 
 /* The first position row r attends to: a sliding window's start, as ONNX Runtime's kernel
@@ -258,55 +259,102 @@ __attribute__((target("avx2,fma"))) static void dots_avx2(const float* q, const 
 
 
 
+/* t[i] <- column i of the 16 x 16 block whose rows are r[0..15] (r may alias t). */
+__attribute__((target("avx512f"))) static inline void transpose16(const __m512* r, __m512* t) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; i += 2) { /* pairs of rows: elements interleaved */
+    a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) { /* then pairs of elements */
+    b[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
+    b[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
+    b[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
+    b[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
+  }
+  /* b[4k + c] holds, in 128-bit lane L, elements 4L + c of rows 4k..4k+3 */
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88), x1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
+    const __m512 y0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88),
+                 y1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);      /* column c */
+    t[4 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);  /* column 4 + c */
+    t[8 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);  /* column 8 + c */
+    t[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD); /* column 12 + c */
+  }
+}
+
+/* The index vectors of pairs_in_order's transposition: stage 1 picks, from two registers
+   of two 8-column rows each, 4 rows by columns 4h..4h+3 (lane 4 * row + column); stage 2,
+   from two such, 8 rows by columns 2h, 2h + 1 (lane 2 * row + column); stage 3, from two
+   such, 16 rows by column h (lane = row). */
+__attribute__((target("avx512f"))) static inline __m512i pick_index(int stage, int h) {
+  int32_t at[16];
+  for (int lane = 0; lane < 16; ++lane) {
+    const int cols = stage == 1 ? 4 : stage == 2 ? 2 : 1, in_cols = stage == 1 ? 8 : stage == 2 ? 4 : 2;
+    const int rows = 16 / cols, row = lane / cols, col = lane % cols + cols * h;
+    const int second = row >= rows / 2, r = second ? row - rows / 2 : row;
+    at[lane] = 16 * second + r * in_cols + col;
+  }
+  return _mm512_loadu_si512(at);
+}
+
 /* The dot products of sixteen keys at once in AVX-512: a[j] holds key j's sixteen lane
-   sums (lane l: the products of dimensions l, l + 16, ... in order), reduced by the same
-   tree as sum16 (lane l + lane l + 8, then + 4, + 2, + 1), all sixteen keys together:
-   pairs of registers are shuffled so that every add serves sixteen lanes of useful work,
-   instead of a shuffle tree per key. The result's lane j is key j's dot product. */
-__attribute__((target("avx512f"))) static inline __m512 reduce16(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i) /* [key 2i: f0..f7 | key 2i+1: f0..f7], f_l = a_l + a_(l+8) */
+   sums (lane l: dimension l's product, then those of l + 16, l + 32, ... added in order),
+   and key j's dot product is the sum, in order, of its eight pairs of lanes: ((p0 + p1) +
+   p2) + ... + p7, p_c = lane c + lane c + 8. The pairs of all sixteen keys come from eight
+   adds (each serving two keys), then a transposition in three stages of two-register
+   permutes puts pair c of every key in one register, and seven adds finish: lane j of
+   the result is key j's dot product. (An order that dots_t16 follows with three registers
+   a sum: see there.) */
+__attribute__((target("avx512f"))) static inline __m512 pairs_in_order(const __m512* a) {
+  __m512 b[8], s1[4][2], s2[2][2][2];
+  for (int i = 0; i < 8; ++i) /* [key 2i: p0..p7 | key 2i+1: p0..p7] */
     b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i) /* 128-bit lane L: key 4i + L's g0..g3, g_l = f_l + f_(l+4) */
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i) /* lane L: key 8i + L's h0, h1, key 8i + 4 + L's h0, h1 */
-    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
-  /* element 4L + c: key 4c + L's h0 + h1 */
-  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_permutexvar_ps(order, e);
+  for (int i = 0; i < 4; ++i) /* keys 4i..4i+3 by pairs 4h..4h+3 */
+    for (int h = 0; h < 2; ++h) s1[i][h] = _mm512_permutex2var_ps(b[2 * i], pick_index(1, h), b[2 * i + 1]);
+  for (int j = 0; j < 2; ++j) /* keys 8j..8j+7 by pairs 4h + 2h2, +1 */
+    for (int h = 0; h < 2; ++h)
+      for (int h2 = 0; h2 < 2; ++h2)
+        s2[j][h][h2] = _mm512_permutex2var_ps(s1[2 * j][h], pick_index(2, h2), s1[2 * j + 1][h]);
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < 8; ++c) { /* pair c of the sixteen keys, added in order */
+    const __m512 pc = _mm512_permutex2var_ps(s2[0][c / 4][(c / 2) % 2], pick_index(3, c % 2), s2[1][c / 4][(c / 2) % 2]);
+    sum = c == 0 ? pc : _mm512_add_ps(sum, pc);
+  }
+  return sum;
 }
 
 /* scores[t] = q . K[t] for t < n, D a multiple of 16 (AVX-512): sixteen keys at a time,
-   each key's sixteen lanes summed over its dimensions in order, then reduce16. A key's
-   dot product has the same bits whichever keys are computed with it (a short last group
-   leaves the missing keys' lanes at zero). */
+   each key's lanes summed over its dimensions in order (a multiply, then multiply-adds),
+   then pairs_in_order. A key's dot product has the same bits whichever keys are computed
+   with it (a short last group leaves the missing keys' lanes at zero). */
 __attribute__((target("avx512f"))) static void dots_avx512(const float* q, const float* K, int64_t n,
                                                            int64_t D, float* scores) {
   __m512 a[16];
   int64_t t = 0;
   for (; t + 16 <= n; t += 16) {
     const float* k = K + t * D;
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
+    const __m512 q0 = _mm512_loadu_ps(q);
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_mul_ps(q0, _mm512_loadu_ps(k + j * D));
+    for (int64_t d = 16; d < D; d += 16) {
       const __m512 qd = _mm512_loadu_ps(q + d);
       for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + j * D + d), a[j]);
     }
-    _mm512_storeu_ps(scores + t, reduce16(a));
+    _mm512_storeu_ps(scores + t, pairs_in_order(a));
   }
   if (t < n) {
     const int64_t m = n - t;
     const float* k = K + t * D;
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
+    const __m512 q0 = _mm512_loadu_ps(q);
+    for (int j = 0; j < 16; ++j) a[j] = j < m ? _mm512_mul_ps(q0, _mm512_loadu_ps(k + j * D)) : _mm512_setzero_ps();
+    for (int64_t d = 16; d < D; d += 16) {
       const __m512 qd = _mm512_loadu_ps(q + d);
       for (int j = 0; j < 16; ++j)
         if (j < m) a[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + j * D + d), a[j]);
     }
-    _mm512_mask_storeu_ps(scores + t, (__mmask16)((1u << m) - 1u), reduce16(a));
+    _mm512_mask_storeu_ps(scores + t, (__mmask16)((1u << m) - 1u), pairs_in_order(a));
   }
 }
 #endif
@@ -502,31 +550,6 @@ __attribute__((target("avx512f"))) static float largest_avx512(const float* x, i
    transposing the tile costs more than the reductions it saves. */
 #define TRANSPOSED_FROM 12
 
-/* t[i] <- column i of the 16 x 16 block whose rows are r[0..15] (r may alias t). */
-__attribute__((target("avx512f"))) static inline void transpose16(const __m512* r, __m512* t) {
-  __m512 a[16], b[16];
-  for (int i = 0; i < 16; i += 2) { /* pairs of rows: elements interleaved */
-    a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) { /* then pairs of elements */
-    b[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
-    b[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i]), _mm512_castps_pd(a[i + 2])));
-    b[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
-    b[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a[i + 1]), _mm512_castps_pd(a[i + 3])));
-  }
-  /* b[4k + c] holds, in 128-bit lane L, elements 4L + c of rows 4k..4k+3 */
-  for (int c = 0; c < 4; ++c) {
-    const __m512 x0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88), x1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
-    const __m512 y0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88),
-                 y1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
-    t[c] = _mm512_shuffle_f32x4(x0, y0, 0x88);      /* column c */
-    t[4 + c] = _mm512_shuffle_f32x4(x1, y1, 0x88);  /* column 4 + c */
-    t[8 + c] = _mm512_shuffle_f32x4(x0, y0, 0xDD);  /* column 8 + c */
-    t[12 + c] = _mm512_shuffle_f32x4(x1, y1, 0xDD); /* column 12 + c */
-  }
-}
-
 /* Kt[d * TILE + t] = key t's dimension d for t < m (keys at src: m rows of D floats, of D
    float16, or int8 rows, by kind), and 0 for the rest of the 2 or 4 groups of sixteen
    dots_t16 reads. */
@@ -554,49 +577,57 @@ __attribute__((target("avx512f"))) static void transpose_tile(const void* src, i
     }
 }
 
-/* The order in which dots_t16 computes the sixteen lanes' sums: with the pending sums
-   kept as in a binary counter, step i's sum is added to step i - 1's where i is odd
-   (lane l + lane l + 8), then to the pending pair where i % 4 == 3 (+ 4), to the pending
-   quad where i % 8 == 7 (+ 2), and to the pending half at i == 15 (+ 1): reduce16's tree. */
-static const int LANE_ORDER[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+/* Lane l's sums of four queries by two groups of sixteen keys (at Kt and Kt + 16), into
+   acc[i * 2 + g]: dimension l's product, then l + 16's, ... added in order. */
+__attribute__((target("avx512f"))) static ALWAYS_INLINE void lane_sums(const float* const* qx, const float* Kt,
+                                                                     int64_t l, __m512* acc, const int64_t D) {
+  {
+    const __m512 k0 = _mm512_loadu_ps(Kt + l * TILE), k1 = _mm512_loadu_ps(Kt + l * TILE + 16);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 b = _mm512_set1_ps(qx[i][l]);
+      acc[2 * i] = _mm512_mul_ps(b, k0);
+      acc[2 * i + 1] = _mm512_mul_ps(b, k1);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int64_t j = 1; j < D / 16; ++j) {
+    const int64_t d = 16 * j + l;
+    const __m512 k0 = _mm512_loadu_ps(Kt + d * TILE), k1 = _mm512_loadu_ps(Kt + d * TILE + 16);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 b = _mm512_set1_ps(qx[i][d]);
+      acc[2 * i] = _mm512_fmadd_ps(b, k0, acc[2 * i]);
+      acc[2 * i + 1] = _mm512_fmadd_ps(b, k1, acc[2 * i + 1]);
+    }
+  }
+}
 
 /* scores[x][16 y + i] = q_x . key 16 y + i of the transposed tile Kt, for x < nq and
    y < NG groups of sixteen keys: each dot product is dots_avx512's (lane l's sums over the
-   dimensions l, l + 16, ... in order, then reduce16's tree), its lanes now sixteen keys of
-   one query, so the tree is vertical adds. Four queries by NG groups at a time: each
-   lane's sums are a small matrix product with few loads per multiply-add; the tree's
-   pending sums wait in `slots`. */
+   dimensions l, l + 16, ... in order; then pair c = lane c + lane c + 8, and the pairs
+   added in order), its lanes now sixteen keys of one query, so the pairs' sum is a
+   running total. Four queries by two groups at a time: eight totals, eight lane sums and
+   the pair's first half stay in registers (measured on Zen 5: 2.1 multiply-adds a cycle,
+   against 1.4 for reduce16's tree, whose pending sums spilled to memory). */
 __attribute__((target("avx512f"))) static ALWAYS_INLINE void dots_t16_d(const float* const* q, float* const* scores,
                                                                       int64_t nq, const float* Kt, const int NG,
                                                                       const int64_t D) {
-  __m512 slots[4][16]; /* pending sums: lane, pair, quad, half; [query * NG + group] */
-  for (int64_t x = 0; x < nq; x += 4) {
-    const float* qx[4];
-    for (int i = 0; i < 4; ++i) qx[i] = q[x + i < nq ? x + i : nq - 1]; /* short: the last again */
-    _Pragma("GCC unroll 1") for (int step = 0; step < 16; ++step) {
-      const int64_t l = LANE_ORDER[step];
-      __m512 acc[16];
-      for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm512_setzero_ps();
-      _Pragma("GCC unroll 16") for (int64_t j = 0; j < D / 16; ++j) {
-        const int64_t d = 16 * j + l;
-        __m512 k[4];
-        for (int g = 0; g < NG; ++g) k[g] = _mm512_loadu_ps(Kt + d * TILE + 16 * g);
-        for (int i = 0; i < 4; ++i) {
-          const __m512 b = _mm512_set1_ps(qx[i][d]);
-          for (int g = 0; g < NG; ++g) acc[i * NG + g] = _mm512_fmadd_ps(b, k[g], acc[i * NG + g]);
-        }
+  for (int g0 = 0; g0 < NG; g0 += 2)
+    for (int64_t x = 0; x < nq; x += 4) {
+      const float* qx[4];
+      for (int i = 0; i < 4; ++i) qx[i] = q[x + i < nq ? x + i : nq - 1]; /* short: the last again */
+      __m512 total[8], first[8], second[8];
+      lane_sums(qx, Kt + 16 * g0, 0, total, D);
+      lane_sums(qx, Kt + 16 * g0, 8, second, D);
+      for (int i = 0; i < 8; ++i) total[i] = _mm512_add_ps(total[i], second[i]);
+      _Pragma("GCC unroll 1") for (int64_t c = 1; c < 8; ++c) {
+        lane_sums(qx, Kt + 16 * g0, c, first, D);
+        lane_sums(qx, Kt + 16 * g0, c + 8, second, D);
+        for (int i = 0; i < 8; ++i) total[i] = _mm512_add_ps(total[i], _mm512_add_ps(first[i], second[i]));
       }
-      int level = 0;
-      for (; level < 4 && (step >> level) & 1; ++level)
-        for (int i = 0; i < 4 * NG; ++i) acc[i] = _mm512_add_ps(acc[i], slots[level][i]);
-      if (level < 4) {
-        for (int i = 0; i < 4 * NG; ++i) slots[level][i] = acc[i];
-        continue;
+      for (int i = 0; i < 4 && x + i < nq; ++i) {
+        _mm512_storeu_ps(scores[x + i] + 16 * g0, total[2 * i]);
+        _mm512_storeu_ps(scores[x + i] + 16 * g0 + 16, total[2 * i + 1]);
       }
-      for (int i = 0; i < 4 && x + i < nq; ++i)
-        for (int g = 0; g < NG; ++g) _mm512_storeu_ps(scores[x + i] + 16 * g, acc[i * NG + g]);
     }
-  }
 }
 
 /* dots_t16_d for a tile of `groups` groups of sixteen keys (its unused keys zero), with
@@ -1348,8 +1379,9 @@ __attribute__((target("avx512f"))) static inline __m512 exp_neg16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  /* p * 2^n in one instruction: n is a whole number in [-126, 0], so 2^n is a normal float
+     and the product is exp_neg's p * scale, rounded once the same way */
+  return _mm512_scalef_ps(p, n);
 }
 
 /* x[t] = exp_neg(x[t] - m) for t < n, and their sum as attend adds them (sixteen lanes over
@@ -1709,18 +1741,26 @@ static void attend_chunk(void* data, size_t task) {
    KV head). The task walks the chunks in order and runs each chunk for all its rows, so
    the chunk's keys and values are read from memory once for the block, then combines
    each row's partials itself, in its own scratch. */
-#define ROW_BLOCK 32 /* at most; rows x group <= MAX_VECTORS (row_block) */
+#define ROW_BLOCK 64 /* at most; rows x group <= MAX_VECTORS (row_block) */
+/* Row tasks the threads share at least before a run takes chunk tasks instead. */
+#define ROW_TASKS_PER_THREAD 4
 
-/* Rows per row task: up to ROW_BLOCK, as many as MAX_VECTORS query vectors allow. */
-static inline int64_t row_block(int64_t group) {
+/* Rows per row task for R rows: up to ROW_BLOCK, as many as MAX_VECTORS query vectors
+   allow, halved down to 8 rows while that leaves the threads fewer than
+   2 * ROW_TASKS_PER_THREAD tasks (a prefill's short last chunk: its rows still take the
+   transposed dot products of a block instead of one row's each). The block changes no
+   bits: a row's partials never depend on the other rows of its block. */
+static inline int64_t row_block(int64_t group, int64_t R, int64_t kv_heads) {
   const int64_t n = MAX_VECTORS / group;
-  return n < ROW_BLOCK ? n : ROW_BLOCK;
+  int64_t block = n < ROW_BLOCK ? n : ROW_BLOCK;
+  while (block > 8 && ((R + block - 1) / block) * kv_heads < ROW_TASKS_PER_THREAD * 2) block = (block + 1) / 2;
+  return block;
 }
 
 static void attend_rows(void* data, size_t task) {
   Step* s = (Step*)data;
   const int64_t g = (int64_t)task % s->kv_heads;
-  const int64_t block = row_block(s->group);
+  const int64_t block = s->block;
   const int64_t r0 = ((int64_t)task / s->kv_heads) * block;
   const int64_t r1 = r0 + block < s->rows ? r0 + block : s->rows;
   const int64_t D = s->head_size, G = s->group;
@@ -1895,7 +1935,6 @@ static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, 
 
 /* Row tasks when there are enough of them for the threads, or the chunk tasks' partials
    would take more than this many floats. Either way a row gets the same bits. */
-#define ROW_TASKS_PER_THREAD 4
 #define MAX_PARTIAL_FLOATS (4 << 20)
 
 static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
@@ -1981,7 +2020,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
-  const int64_t block = row_block(G);
+  const int64_t block = row_block(G, R, KVH);
   const int row_tasks = ((R + block - 1) / block) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
   float* q = (float*)malloc((size_t)(R * H * D) * sizeof(float));
   int32_t* totals = (int32_t*)malloc((size_t)R * sizeof(int32_t));
@@ -2035,7 +2074,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
     }
   }
   Step step = {R, H, KVH, G, D, cap, chunks, S, totals, q, present_k, present_v, partial, out, 0, k->kind,
-               k->local_window_size};
+               k->local_window_size, block};
   OrtStatus* status;
   if (row_tasks) {
     const int64_t blocks = (R + block - 1) / block;

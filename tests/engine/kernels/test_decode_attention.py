@@ -147,7 +147,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_a_decode_step_matches_onnx_runtime_for_rows_of_different_lengths(case):
-    # one row empty, one within a chunk, two across several chunks of 256 positions
+    # one row empty, one within a chunk, two across chunks of 512 positions
     _compare(case, [0, 37, 700, 1023], new=1)
 
 
