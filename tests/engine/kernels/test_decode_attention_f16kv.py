@@ -235,7 +235,7 @@ def _check(case: dict, lengths: list[int], new: int, seed: int = 0) -> None:
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_a_decode_step_matches_attention_over_the_float16_cache(case):
-    # one row empty, one within a chunk, two across several chunks of 256 positions
+    # one row empty, one within a chunk, two across chunks of 512 positions
     _check(case, [0, 37, 700, 1023], new=1)
 
 
