@@ -606,7 +606,7 @@ __attribute__((target("avx512f"))) static ALWAYS_INLINE void lane_sums(const flo
    added in order), its lanes now sixteen keys of one query, so the pairs' sum is a
    running total. Four queries by two groups at a time: eight totals, eight lane sums and
    the pair's first half stay in registers (measured on Zen 5: 2.1 multiply-adds a cycle,
-   against 1.4 for reduce16's tree, whose pending sums spilled to memory). */
+   against 1.4 for the former tree of lanes, whose pending sums spilled to memory). */
 __attribute__((target("avx512f"))) static ALWAYS_INLINE void dots_t16_d(const float* const* q, float* const* scores,
                                                                       int64_t nq, const float* Kt, const int NG,
                                                                       const int64_t D) {
@@ -1750,10 +1750,14 @@ static void attend_chunk(void* data, size_t task) {
    2 * ROW_TASKS_PER_THREAD tasks (a prefill's short last chunk: its rows still take the
    transposed dot products of a block instead of one row's each). The block changes no
    bits: a row's partials never depend on the other rows of its block. */
+static inline int enough_row_tasks(int64_t R, int64_t block, int64_t kv_heads) {
+  return ((R + block - 1) / block) * kv_heads >= ROW_TASKS_PER_THREAD * 2;
+}
+
 static inline int64_t row_block(int64_t group, int64_t R, int64_t kv_heads) {
   const int64_t n = MAX_VECTORS / group;
   int64_t block = n < ROW_BLOCK ? n : ROW_BLOCK;
-  while (block > 8 && ((R + block - 1) / block) * kv_heads < ROW_TASKS_PER_THREAD * 2) block = (block + 1) / 2;
+  while (block > 8 && !enough_row_tasks(R, block, kv_heads)) block = (block + 1) / 2;
   return block;
 }
 
@@ -2021,7 +2025,7 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   for (int64_t b = 0; b < B; ++b) longest = lengths[b] + 1 > longest ? lengths[b] + 1 : longest;
   const int64_t chunks = (longest + CHUNK - 1) / CHUNK;
   const int64_t block = row_block(G, R, KVH);
-  const int row_tasks = ((R + block - 1) / block) * KVH >= ROW_TASKS_PER_THREAD * 2 || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
+  const int row_tasks = enough_row_tasks(R, block, KVH) || R * H * chunks * (D + 2) > MAX_PARTIAL_FLOATS;
   float* q = (float*)malloc((size_t)(R * H * D) * sizeof(float));
   int32_t* totals = (int32_t*)malloc((size_t)R * sizeof(int32_t));
   float* partial = row_tasks ? NULL : (float*)malloc((size_t)(R * H * chunks * (D + 2)) * sizeof(float));
