@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
-#: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512; "avx512": no AMX
-#: (the tests cover each).
+#: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512; "avx512": no AMX;
+#: "avx512-int16": a float16 cache's attention in int16 whole numbers where the CPU has
+#: AVX-512 VNNI (prefill faster, decode slower: engine/README.md; the tests cover each).
 ENV = "ONNX_GENAI_KERNELS"
 #: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
 #: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT), and so

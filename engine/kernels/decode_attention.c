@@ -25,6 +25,9 @@
  * half the bytes read a step. Shapes its own code does not cover go to ONNX Runtime's fp32
  * kernel on float32 copies of the caches (the present rounded back to float16).
  *
+ * (Asked for with ONNX_GENAI_KERNELS=avx512-int16, on AVX-512 VNNI, a float16 cache's
+ * attention runs in int16 whole numbers instead: the section of that name.)
+ *
  * `engine.kernels::GroupQueryAttentionI8KV` keeps each cache row as int8 values and their
  * scale; where the CPU has AMX-BF16 its scores run on the tile unit (the AMX section).
  *
@@ -746,6 +749,266 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
       case 128: dots_t8_d(q, at, nq, Kt + 8 * y, 2, 128); break;
       default: dots_t8_d(q, at, nq, Kt + 8 * y, 2, D); break;
     }
+  }
+}
+
+/* ---- a float16 cache's attention in int16 whole numbers (AVX-512 VNNI, asked for) ---------
+
+   With ONNX_GENAI_KERNELS=avx512-int16 on a CPU with AVX-512 VNNI, a float16 cache's scores
+   and weighted sums are dot products of whole numbers. Each key row (one token, one KV
+   head) and each query vector is scaled so its largest |x| is M = i16_limit(D) (5,792 for a
+   head of 64) and rounded to the nearest whole number (ties to even), and
+
+       q . k = ((float)(sum of the D products, exact in int32) * q's scale) * k's scale,
+
+   a scale being the row's largest |x| / M; M is the largest whole number with D * M^2 <
+   2^31, so no sum overflows. The weighted sums go tile by tile (TILE positions at fixed
+   places): each value row as whole numbers the same way (M = i16_limit(TILE)), a query
+   vector's weights times the rows' scales as whole numbers against the tile's largest, and
+   acc += (float)(the tile's exact sum) * the weights' scale. Every sum is exact whatever
+   its order, so a decode step and a prefill block get the same bits by construction, and
+   VPDPWSSD makes 32 products an instruction where a float32 multiply-add makes 16 (both
+   two a cycle on Zen 5). What it costs: precision (a value keeps 13.5 bits against its
+   row's largest; float16 keeps 11 of each value; bench.kv_dtype found answers as close to
+   float32 KV's as the float path's), and every read of a row converts it again: a
+   prefill's block shares that among 192 query vectors, a decode step among 3, so decode
+   steps got slower (engine/README.md). Hence off by default: converting each row once,
+   when it is written, needs a cache that keeps the whole numbers and their scales. */
+
+#define I16_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,f16c")))
+
+/* 1: a float16 cache's attention takes this path (set at registration). */
+static int g_i16;
+
+/* The largest M with D * M * M < 2^31 (the products' sum of a row then fits int32). */
+static int64_t i16_limit(int64_t D) {
+  int64_t m = (int64_t)sqrt(2147483647.0 / (double)D);
+  while (D * (m + 1) * (m + 1) <= 2147483647) ++m;
+  while (D * m * m > 2147483647) --m;
+  return m;
+}
+
+/* Whole numbers of one row: x (two registers of sixteen floats, dimensions 32h.. and 32h +
+   16..) times inv, rounded to nearest even, as 32 int16 (VPACKSSDW's order: within each
+   128-bit lane four of the first, then four of the second; keys and queries share it, so
+   the pairs line up). */
+I16_TARGET static inline __m512i i16_pack(__m512 x0, __m512 x1, __m512 inv) {
+  return _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv)));
+}
+
+/* A query vector (D floats, D a multiple of 32) as whole numbers: out[p] = its pair p (D / 2
+   int32, i16_pack's order); returns its scale. */
+I16_TARGET static float i16_query(const float* q, int64_t D, float M, int32_t* out) {
+  __m512 top = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) top = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(q + d)), top);
+  const float m = _mm512_reduce_max_ps(top);
+  const __m512 inv = _mm512_set1_ps(m > 0.0f ? M / m : 0.0f);
+  for (int64_t h = 0; h < D / 32; ++h)
+    _mm512_storeu_si512(out + 16 * h, i16_pack(_mm512_loadu_ps(q + 32 * h), _mm512_loadu_ps(q + 32 * h + 16), inv));
+  return m / M;
+}
+
+/* The scales of sixteen float16 rows of D at src (the first `m` there, the rest zero):
+   returns M / row i's largest |x| in lane i (0 for a row of zeros), scale[i] = largest / M.
+   The largest is found on the halves' bits (their magnitudes order as the values do). */
+I16_TARGET static ALWAYS_INLINE __m512 i16_scales(const uint16_t* src, int64_t m, const int64_t D, float M,
+                                                  float* scale) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7FFF), low = _mm512_set1_epi32(0xFFFF);
+  __m512 tops[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    __m512i top = _mm512_setzero_si512();
+    if (i < m)
+      for (int64_t d = 0; d < D; d += 32)
+        top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + i * D + d), magnitude));
+    tops[i] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(top, low), _mm512_srli_epi32(top, 16)));
+  }
+  transpose16(tops, tops); /* lane i of tops[c]: row i's c-th partial maximum */
+  __m512i most = _mm512_castps_si512(tops[0]);
+  for (int c = 1; c < 16; ++c) most = _mm512_max_epu32(most, _mm512_castps_si512(tops[c]));
+  const __m512 big = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(most)), Mv = _mm512_set1_ps(M);
+  _mm512_storeu_ps(scale, _mm512_div_ps(big, Mv));
+  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(big, _mm512_setzero_ps(), _CMP_GT_OQ), Mv, big);
+}
+
+/* Lane i of x in every lane (from the register: a store of x read back a lane at a time
+   waits for the store on some cores). */
+I16_TARGET static inline __m512 i16_lane(__m512 x, int64_t i) {
+  return _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), x);
+}
+
+/* Keys k0..k0 + 15 of a float16 tile (rows of D halves at src; the first `m` there, the
+   rest zero) as whole numbers, transposed: kt[p * TILE + k0 + i] = key i's pair p (as
+   i16_query's), scale[k0 + i] its scale. D a multiple of 32, at most MAX_HEAD. */
+I16_TARGET static void i16_keys(const uint16_t* src, int64_t m, const int64_t D, float M, int32_t* kt,
+                                float* scale) {
+  const __m512 inv = i16_scales(src, m, D, M, scale);
+  for (int64_t h = 0; h < D / 32; ++h) {
+    __m512 rows[16];
+    for (int64_t i = 0; i < 16; ++i) {
+      if (i >= m) {
+        rows[i] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m512i halves = _mm512_loadu_si512(src + i * D + 32 * h);
+      const __m512 b = i16_lane(inv, i);
+      rows[i] = _mm512_castsi512_ps(i16_pack(_mm512_cvtph_ps(_mm512_castsi512_si256(halves)),
+                                             _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1)), b));
+    }
+    transpose16(rows, rows); /* rows[c]: pair 16h + c of the sixteen keys */
+    for (int c = 0; c < 16; ++c) _mm512_storeu_ps((float*)kt + (16 * h + c) * TILE, rows[c]);
+  }
+}
+
+/* Values v0..v0 + 15 of a float16 tile (as i16_keys; whole numbers of at most M against each
+   row's largest) by pairs of positions: vt[(j * (D / 16) + c) * 16 + l] = value 2j's
+   dimension 16c + l in the low half, value 2j + 1's in the high half (j counted from the
+   tile's start: v0 / 2 + ...), scale[v0 + i] value i's scale. */
+I16_TARGET static void i16_values(const uint16_t* src, int64_t m, const int64_t D, float M, int32_t* vt,
+                                  float* scale) {
+  const __m512 inv = i16_scales(src, m, D, M, scale);
+  const __m512i low = _mm512_set1_epi32(0xFFFF);
+  for (int64_t i = 0; i < 16; i += 2)
+    for (int64_t c = 0; c < D / 16; ++c) {
+      __m512i pair = _mm512_setzero_si512();
+      if (i < m) {
+        const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i * D + 16 * c))), i16_lane(inv, i)));
+        pair = _mm512_and_si512(a, low);
+        if (i + 1 < m) {
+          const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(
+              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + (i + 1) * D + 16 * c))),
+              i16_lane(inv, i + 1)));
+          pair = _mm512_or_si512(pair, _mm512_slli_epi32(b, 16));
+        }
+      }
+      _mm512_storeu_si512(vt + ((i / 2) * (D / 16) + c) * 16, pair);
+    }
+}
+
+/* One query vector's weights over a tile as whole numbers: w_t = p[t] * sv[t] for t < m (0
+   beyond, up to `len`, a multiple of 32), scaled so the largest is M and rounded to nearest
+   even; wq[j] = the pair (w_2j, w_2j+1) (low half first). Returns the weights' scale. */
+I16_TARGET static float i16_weights(const float* p, const float* sv, int64_t m, int64_t len, float M, int32_t* wq) {
+  __m512 w[TILE / 16];
+  __m512 top = _mm512_setzero_ps();
+  for (int64_t c = 0; c < len / 16; ++c) {
+    const int64_t left = m - 16 * c;
+    const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+    w[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(keep, p + 16 * c), _mm512_maskz_loadu_ps(keep, sv + 16 * c));
+    top = _mm512_max_ps(_mm512_abs_ps(w[c]), top);
+  }
+  const float most = _mm512_reduce_max_ps(top);
+  const __m512 inv = _mm512_set1_ps(most > 0.0f ? M / most : 0.0f);
+  for (int64_t c = 0; c < len / 16; ++c)
+    _mm256_storeu_si256((__m256i*)(wq + 8 * c), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w[c], inv))));
+  return most / M;
+}
+
+/* Asks for the next tile's rows (up to TILE of D halves at src, `left` of them there) while
+   this one is worked on: a decode step's few query vectors leave the loads little work to
+   hide behind. */
+I16_TARGET static inline void i16_prefetch(const char* src, int64_t left, int64_t D) {
+  const int64_t bytes = (left < TILE ? left : TILE) * D * 2;
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(src + b, _MM_HINT_T0);
+}
+
+/* acc + VPDPWSSD(a, b), written out: GCC's intrinsic copies the sum to another register and
+   back around each instruction in these loops (three instructions for one). */
+I16_TARGET static inline __m512i i16_dp(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+/* scores[x][16 g + i] = q_x . key 16 g + i of the whole-number tile kt (NG groups of
+   sixteen keys), for the N query vectors qq[0..N-1] (scales sq): N x NG sums in
+   registers, one VPDPWSSD a query's pair and a group. */
+I16_TARGET static ALWAYS_INLINE void i16_dots_n(const int32_t* const* qq, const float* sq, float* const* scores,
+                                                const int32_t* kt, const float* sk, const int N, const int NG,
+                                                const int64_t D) {
+  __m512i acc[6][4];
+  for (int i = 0; i < N; ++i)
+    for (int g = 0; g < NG; ++g) acc[i][g] = _mm512_setzero_si512();
+  _Pragma("GCC unroll 4") for (int64_t p = 0; p < D / 2; ++p) {
+    __m512i k[4];
+    for (int g = 0; g < NG; ++g) k[g] = _mm512_loadu_si512(kt + p * TILE + 16 * g);
+    for (int i = 0; i < N; ++i) {
+      const __m512i b = _mm512_set1_epi32(qq[i][p]);
+      for (int g = 0; g < NG; ++g) acc[i][g] = i16_dp(acc[i][g], k[g], b);
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    const __m512 s = _mm512_set1_ps(sq[i]);
+    for (int g = 0; g < NG; ++g)
+      _mm512_storeu_ps(scores[i] + 16 * g,
+                       _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][g]), s), _mm512_loadu_ps(sk + 16 * g)));
+  }
+}
+
+/* i16_dots_n for nq query vectors, six at a time, over `groups` (2 or 4) groups of keys,
+   with the common head sizes constant. */
+I16_TARGET __attribute__((noinline)) static void i16_dots(const int32_t* const* qq, const float* sq,
+                                                          float* const* scores, int64_t nq, const int32_t* kt,
+                                                          const float* sk, int64_t groups, int64_t D) {
+  for (int64_t x = 0; x < nq; x += 6) {
+    const int64_t n = nq - x < 6 ? nq - x : 6;
+#define I16_CASE(N, NG)                                                                   \
+  case N:                                                                                 \
+    if (D == 64)                                                                          \
+      i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, 64);                          \
+    else if (D == 128)                                                                    \
+      i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, 128);                         \
+    else                                                                                  \
+      i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, D);                           \
+    break;
+    if (groups > 2) {
+      switch (n) { I16_CASE(1, 4) I16_CASE(2, 4) I16_CASE(3, 4) I16_CASE(4, 4) I16_CASE(5, 4) I16_CASE(6, 4) }
+    } else {
+      switch (n) { I16_CASE(1, 2) I16_CASE(2, 2) I16_CASE(3, 2) I16_CASE(4, 2) I16_CASE(5, 2) I16_CASE(6, 2) }
+    }
+#undef I16_CASE
+  }
+}
+
+/* acc[x] += ((float)(sum over pairs j < pairs of wq[x][j] . vt's pair j) * sw[x]), for N
+   query vectors of a head of D = 16 Z: N x Z sums in registers, the tile's value pairs
+   loaded once for the N. */
+I16_TARGET static ALWAYS_INLINE void i16_weigh_n(const int32_t* const* wq, const float* sw, const int32_t* vt,
+                                                 int64_t pairs, float* const* acc, const int N, const int Z) {
+  __m512i sum[24];
+  for (int i = 0; i < N * Z; ++i) sum[i] = _mm512_setzero_si512();
+  _Pragma("GCC unroll 2") for (int64_t j = 0; j < pairs; ++j) {
+    __m512i v[16];
+    for (int c = 0; c < Z; ++c) v[c] = _mm512_loadu_si512(vt + (j * Z + c) * 16);
+    for (int i = 0; i < N; ++i) {
+      const __m512i b = _mm512_set1_epi32(wq[i][j]);
+      for (int c = 0; c < Z; ++c) sum[i * Z + c] = i16_dp(sum[i * Z + c], v[c], b);
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    const __m512 s = _mm512_set1_ps(sw[i]);
+    for (int c = 0; c < Z; ++c)
+      _mm512_storeu_ps(acc[i] + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i * Z + c]), s,
+                                                        _mm512_loadu_ps(acc[i] + 16 * c)));
+  }
+}
+
+/* i16_weigh_n for nv query vectors, as many at a time as 24 registers of sums hold. */
+I16_TARGET __attribute__((noinline)) static void i16_weigh(const int32_t* const* wq, const float* sw,
+                                                           const int32_t* vt, int64_t pairs, float* const* acc,
+                                                           int64_t nv, int64_t D) {
+  const int Z = (int)(D / 16), wide = 24 / Z < 6 ? 24 / Z : 6;
+  for (int64_t x = 0; x < nv; x += wide) {
+    const int64_t n = nv - x < wide ? nv - x : wide;
+#define I16_W(N, Z) \
+  case N: i16_weigh_n(wq + x, sw + x, vt, pairs, acc + x, N, Z); break;
+    if (Z == 4) {
+      switch (n) { I16_W(1, 4) I16_W(2, 4) I16_W(3, 4) I16_W(4, 4) I16_W(5, 4) I16_W(6, 4) }
+    } else if (Z == 8) {
+      switch (n) { I16_W(1, 8) I16_W(2, 8) I16_W(3, 8) }
+    } else {
+      for (int64_t e = 0; e < n; ++e) i16_weigh_n(wq + x + e, sw + x + e, vt, pairs, acc + x + e, 1, Z);
+    }
+#undef I16_W
   }
 }
 
@@ -1481,6 +1744,10 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
+#ifdef HAVE_X86_PATHS
+  /* a float16 cache's scores and weighted sums in whole numbers (g_i16) */
+  const int i16 = kind == KV_F16 && g_i16 && D % 32 == 0 && D <= MAX_HEAD;
+#endif
 #ifdef HAVE_AMX
   /* an int8 or float16 cache's scores on AMX tiles, where the CPU has them (amx_scores) */
   const int amx = g_amx && kind != KV_F32 && (D == 64 || D == 128);
@@ -1502,6 +1769,17 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     amx_end();
   } else
 #endif
+  {
+#ifdef HAVE_X86_PATHS
+  /* the block's query vectors as whole numbers first, into `accs` (free until the
+     weighted sums, which clear it) */
+  int32_t* qq = (int32_t*)accs;          /* [rows * G][D / 2] */
+  float* qs = accs + rows * G * (D / 2); /* [rows * G] */
+  const float M = i16 ? (float)i16_limit(D) : 0.0f;
+  if (i16)
+    for (int64_t v = 0; v < rows * G; ++v)
+      qs[v] = i16_query(s->q + ((r0 + v / G) * s->heads + g * G + v % G) * D, D, M, qq + v * (D / 2));
+#endif
   for (int64_t ts = 0; ts < longest; ts += TILE) {
     int64_t converted = -1; /* the batch row whose tile ts is in `tile` */
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
@@ -1509,6 +1787,30 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       const int64_t reach = ROW_N(rb - 1) - ts; /* the segment's last row reads furthest */
       if (reach <= 0) continue;
 #ifdef HAVE_X86_PATHS
+      if (i16) { /* the tile's keys as whole numbers (kt, scales sk), then every vector's dots */
+        const int64_t mt = reach < TILE ? reach : TILE, groups = mt > 2 * 16 ? 4 : 2;
+        int32_t* kt = (int32_t*)tile; /* [D / 2][TILE] */
+        float* sk = tile + TILE * (D / 2);
+        if (reach > TILE) i16_prefetch((const char*)KVC_AT(s->keys, ra, ts + TILE), reach - TILE, D);
+        for (int64_t k0 = 0; k0 < 16 * groups; k0 += 16)
+          i16_keys((const uint16_t*)KVC_AT(s->keys, ra, ts) + k0 * D, mt - k0, D, M, kt + k0, sk + k0);
+        converted = -1;
+        const int32_t* qv[MAX_VECTORS];
+        float qsv[MAX_VECTORS];
+        float* sv[MAX_VECTORS];
+        int64_t nq = 0;
+        for (int64_t r = ra; r < rb; ++r) {
+          if (ROW_N(r) <= ts) continue;
+          for (int64_t j = 0; j < G; ++j, ++nq) {
+            const int64_t v = (r - r0) * G + j;
+            qv[nq] = qq + v * (D / 2);
+            qsv[nq] = qs[v];
+            sv[nq] = scores + v * CHUNK + ts;
+          }
+        }
+        i16_dots(qv, qsv, sv, nq, kt, sk, groups, D);
+        continue;
+      }
       const int wide = g_isa == 2 && D % 16 == 0,
                 narrow = g_isa == 1 && D % 8 == 0 && (kind != KV_F16 || g_half >= 1);
       if ((wide || narrow) && (rb - ra) * G >= TRANSPOSED_FROM) {
@@ -1555,6 +1857,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       }
     }
   }
+  }
   float sums[MAX_VECTORS], tops[MAX_VECTORS];
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = ROW_N(r);
@@ -1594,6 +1897,37 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     if (kind) {
       if (ROW_N(rb - 1) <= ts) continue;
 #ifdef HAVE_X86_PATHS
+      if (i16) { /* the tile's values as whole numbers (vt, scales sv), then six vectors at a time */
+        const int64_t reach = ROW_N(rb - 1) - ts, mt = reach < TILE ? reach : TILE, len = (mt + 31) / 32 * 32;
+        const float Mt = (float)i16_limit(TILE); /* a tile's sum: TILE products of two whole numbers */
+        int32_t* vt = (int32_t*)tile;          /* [TILE / 2][D] */
+        float* sv = tile + TILE * (D / 2);
+        const uint16_t* vsrc = (const uint16_t*)KVC_AT(s->values, ra, ts);
+        if (reach > TILE) i16_prefetch((const char*)KVC_AT(s->values, ra, ts + TILE), reach - TILE, D);
+        for (int64_t v0 = 0; v0 < len; v0 += 16)
+          i16_values(vsrc + v0 * D, mt - v0, D, Mt, vt + (v0 / 2) * D, sv + v0);
+        int32_t wbuf[6 * (TILE / 2)];
+        const int32_t* wq[6];
+        float sw[6];
+        float* wa[6];
+        int64_t nw = 0;
+        for (int64_t r = ra; r < rb; ++r) {
+          const int64_t n = ROW_N(r);
+          if (n <= ts) continue;
+          for (int64_t j = 0; j < G; ++j) {
+            const int64_t v = (r - r0) * G + j;
+            wq[nw] = wbuf + nw * (TILE / 2);
+            sw[nw] = i16_weights(scores + v * CHUNK + ts, sv, n - ts, len, Mt, wbuf + nw * (TILE / 2));
+            wa[nw] = accs + v * D;
+            if (++nw == 6) {
+              i16_weigh(wq, sw, vt, len / 2, wa, nw, D);
+              nw = 0;
+            }
+          }
+        }
+        if (nw > 0) i16_weigh(wq, sw, vt, len / 2, wa, nw, D);
+        continue;
+      }
       /* a float16 cache's values for a few vectors: converted in registers (weigh_f16) */
       if (kind == KV_F16 && g_isa == 2 && (D == 64 || D == 128)) {
         const float* fp[MAX_VECTORS];
@@ -2151,6 +2485,9 @@ static const char* choose_paths(void) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "portable: this CPU lacks AVX2 or FMA";
   if (choice != NULL && strcmp(choice, "avx2") == 0) return "avx2+fma: AVX-512 left out (ONNX_GENAI_KERNELS=avx2)";
   if (!__builtin_cpu_supports("avx512f")) return "avx2+fma";
+  if (choice != NULL && strcmp(choice, "avx512-int16") == 0 && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c"))
+    return "avx2+fma: and AVX-512, VNNI int16 scores for float16 KV (ONNX_GENAI_KERNELS=avx512-int16)";
 #ifdef HAVE_AMX
   if (choice != NULL && strcmp(choice, "avx512") == 0) return "avx2+fma: and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)";
   if (amx_available()) return "avx2+fma: and AVX-512, AMX-BF16 for int8 and float16 KV";
@@ -2176,6 +2513,9 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
     g_isa = strncmp(paths, "avx2+fma", 8) != 0 ? 0 : strncmp(paths, "avx2+fma: and AVX-512", 21) == 0 ? 2 : 1;
 #ifdef HAVE_AMX
     g_amx = strstr(paths, "AMX-BF16") != NULL;
+#endif
+#ifdef HAVE_X86_PATHS
+    g_i16 = strstr(paths, "VNNI int16") != NULL;
 #endif
 #ifdef HAVE_X86_PATHS
     g_half = g_isa == 2 ? 2 : g_isa == 1 && __builtin_cpu_supports("f16c") ? 1 : 0;

@@ -65,6 +65,22 @@ def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
         assert plain.reason == "and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)"
 
 
+@built
+def test_a_float16_cache_takes_whole_numbers_only_when_asked(monkeypatch):
+    """ONNX_GENAI_KERNELS=avx512-int16 runs a float16 cache's scores and weighted sums in
+    int16 whole numbers where the CPU has AVX-512 VNNI (faster prefill, slower decode: off
+    by default), and the status says so; without it they stay float32."""
+    flags = _cpu_flags()
+    assert "VNNI int16" not in (kernels.status().reason or "")
+    monkeypatch.setenv(kernels.ENV, "avx512-int16")
+    asked = kernels.status()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"} <= flags:
+        assert asked.reason == ("and AVX-512, VNNI int16 scores for float16 KV "
+                                "(ONNX_GENAI_KERNELS=avx512-int16)")
+    else:
+        assert "VNNI int16" not in (asked.reason or "")
+
+
 def test_not_built_says_why_and_how_to_fix_with_and_without_a_compiler(monkeypatch, tmp_path):
     missing = tmp_path / "decode_attention.ortops"
     monkeypatch.setenv(kernels.LIBRARY_ENV, str(missing))
