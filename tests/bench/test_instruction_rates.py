@@ -17,6 +17,7 @@ def test_each_instruction_gets_a_rate_or_is_said_to_be_missing(
     assert lines[0].startswith("clock (a chain of dependent adds): ")
     assert float(lines[0].split(": ")[1].split()[0]) > 0
     rows = lines[1:]
-    assert [row.split(" zmm")[0] for row in rows] == ["VFMADD231PS", "VDPBF16PS", "VPDPBUSD"]
+    assert [row.split(" zmm")[0] for row in rows] == ["VFMADD231PS", "VDPBF16PS", "VPDPBUSD",
+                                                     "VPDPWSSD"]
     for row in rows:
         assert row.endswith("not on this CPU") or " ns each, " in row, row
