@@ -830,8 +830,7 @@ I16_TARGET static ALWAYS_INLINE __m512 i16_scales(const uint16_t* src, int64_t m
   return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(big, _mm512_setzero_ps(), _CMP_GT_OQ), Mv, big);
 }
 
-/* Lane i of x in every lane (from the register: a store of x read back a lane at a time
-   waits for the store on some cores). */
+/* Lane i of x in every lane, from the register (no store and reload of the sixteen). */
 I16_TARGET static inline __m512 i16_lane(__m512 x, int64_t i) {
   return _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), x);
 }
@@ -902,14 +901,6 @@ I16_TARGET static float i16_weights(const float* p, const float* sv, int64_t m, 
   for (int64_t c = 0; c < len / 16; ++c)
     _mm256_storeu_si256((__m256i*)(wq + 8 * c), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w[c], inv))));
   return most / M;
-}
-
-/* Asks for the next tile's rows (up to TILE of D halves at src, `left` of them there) while
-   this one is worked on: a decode step's few query vectors leave the loads little work to
-   hide behind. */
-I16_TARGET static inline void i16_prefetch(const char* src, int64_t left, int64_t D) {
-  const int64_t bytes = (left < TILE ? left : TILE) * D * 2;
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(src + b, _MM_HINT_T0);
 }
 
 /* acc + VPDPWSSD(a, b), written out: GCC's intrinsic copies the sum to another register and
@@ -1745,8 +1736,10 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
 #ifdef HAVE_X86_PATHS
-  /* a float16 cache's scores and weighted sums in whole numbers (g_i16) */
+  /* a float16 cache's scores and weighted sums in whole numbers (g_i16): the limits of a
+     row's whole numbers for the scores (D products a sum) and the weighted sums (TILE) */
   const int i16 = kind == KV_F16 && g_i16 && D % 32 == 0 && D <= MAX_HEAD;
+  const float M = i16 ? (float)i16_limit(D) : 0.0f, Mt = i16 ? (float)i16_limit(TILE) : 0.0f;
 #endif
 #ifdef HAVE_AMX
   /* an int8 or float16 cache's scores on AMX tiles, where the CPU has them (amx_scores) */
@@ -1775,7 +1768,6 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      weighted sums, which clear it) */
   int32_t* qq = (int32_t*)accs;          /* [rows * G][D / 2] */
   float* qs = accs + rows * G * (D / 2); /* [rows * G] */
-  const float M = i16 ? (float)i16_limit(D) : 0.0f;
   if (i16)
     for (int64_t v = 0; v < rows * G; ++v)
       qs[v] = i16_query(s->q + ((r0 + v / G) * s->heads + g * G + v % G) * D, D, M, qq + v * (D / 2));
@@ -1791,10 +1783,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         const int64_t mt = reach < TILE ? reach : TILE, groups = mt > 2 * 16 ? 4 : 2;
         int32_t* kt = (int32_t*)tile; /* [D / 2][TILE] */
         float* sk = tile + TILE * (D / 2);
-        if (reach > TILE) i16_prefetch((const char*)KVC_AT(s->keys, ra, ts + TILE), reach - TILE, D);
         for (int64_t k0 = 0; k0 < 16 * groups; k0 += 16)
           i16_keys((const uint16_t*)KVC_AT(s->keys, ra, ts) + k0 * D, mt - k0, D, M, kt + k0, sk + k0);
-        converted = -1;
         const int32_t* qv[MAX_VECTORS];
         float qsv[MAX_VECTORS];
         float* sv[MAX_VECTORS];
@@ -1899,11 +1889,9 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 #ifdef HAVE_X86_PATHS
       if (i16) { /* the tile's values as whole numbers (vt, scales sv), then six vectors at a time */
         const int64_t reach = ROW_N(rb - 1) - ts, mt = reach < TILE ? reach : TILE, len = (mt + 31) / 32 * 32;
-        const float Mt = (float)i16_limit(TILE); /* a tile's sum: TILE products of two whole numbers */
         int32_t* vt = (int32_t*)tile;          /* [TILE / 2][D] */
         float* sv = tile + TILE * (D / 2);
         const uint16_t* vsrc = (const uint16_t*)KVC_AT(s->values, ra, ts);
-        if (reach > TILE) i16_prefetch((const char*)KVC_AT(s->values, ra, ts + TILE), reach - TILE, D);
         for (int64_t v0 = 0; v0 < len; v0 += 16)
           i16_values(vsrc + v0 * D, mt - v0, D, Mt, vt + (v0 / 2) * D, sv + v0);
         int32_t wbuf[6 * (TILE / 2)];
@@ -2516,8 +2504,6 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
 #endif
 #ifdef HAVE_X86_PATHS
     g_i16 = strstr(paths, "VNNI int16") != NULL;
-#endif
-#ifdef HAVE_X86_PATHS
     g_half = g_isa == 2 ? 2 : g_isa == 1 && __builtin_cpu_supports("f16c") ? 1 : 0;
 #endif
     g_api = base->GetApi(API_VERSION);

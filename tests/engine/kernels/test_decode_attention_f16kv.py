@@ -197,7 +197,7 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, round_new: bool = Tr
             cache[r][:, positions[r]] = fresh[r].transpose(1, 0, 2).astype(np.float16)
             chosen = cache[r][:, positions[r]] if round_new else fresh[r].transpose(1, 0, 2)
             full[r][:, positions[r]] = chosen.astype(np.float64)
-    whole = WHOLE and round_new and case["head"] % 32 == 0
+    whole = round_new and _whole(case)
     return _attention(case, feeds, exact, positions, whole), caches[0], caches[1]
 
 
@@ -208,6 +208,11 @@ WHOLE = "VNNI int16" in (kernels.status().reason or "")
 #: Positions a tile of the weighted sums holds (decode_attention.c's TILE), and the whole
 #: numbers' limit for a sum of that many products (its i16_limit).
 TILE = 64
+
+
+def _whole(case: dict) -> bool:
+    """Whether the kernel runs this case's attention in whole numbers."""
+    return WHOLE and case["head"] % 32 == 0
 
 
 def _limit(n: int) -> int:
@@ -281,7 +286,7 @@ def _check(case: dict, lengths: list[int], new: int, seed: int = 0) -> None:
     # whole numbers (measured: within 3e-5 of their model, 1e-3 from float arithmetic's
     # answer): a product's whole number can land one step off where the reference's
     # float32 steps (rotation, exponentials) round otherwise than the kernel's
-    atol = 1e-4 if WHOLE and case["head"] % 32 == 0 else 2e-5
+    atol = 1e-4 if _whole(case) else 2e-5
     np.testing.assert_allclose(got[0], want[0], rtol=0, atol=atol)
     for mine, theirs in zip(got[1:], want[1:], strict=True):  # every position, bit for bit
         np.testing.assert_array_equal(mine.view(np.uint16), theirs.view(np.uint16))
