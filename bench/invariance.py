@@ -150,9 +150,10 @@ def main() -> int:
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--new", type=int, default=48)
-    p.add_argument("--kv-dtype", choices=("auto", "float16", "float32", "int8"), default="auto",
+    p.add_argument("--kv-dtype", choices=("auto", "float16", "float32", "int8", "int16"),
+                   default="auto",
                    help="the KV cache's element type (EngineConfig.kv_dtype; default auto: "
-                        "float16 where the engine's kernel runs attention)")
+                        "16 bits where the engine's kernel runs attention)")
     args = p.parse_args()
     KV_DTYPE["value"] = args.kv_dtype
     models = dict(m.split("=", 1) for m in args.model)

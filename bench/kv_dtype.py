@@ -7,8 +7,10 @@ For each model and held-out prompt (this repository's own text, as ``bench.invar
   share of nonzero values below float16's smallest normal (2^-14, where it keeps fewer
   bits);
 - ``fp16`` (when the engine's kernel has the float16-KV attention): the engine as it runs
-  with ``kv_dtype="float16"``; ``int8`` the same with ``kv_dtype="int8"`` (a scale per
-  token and KV head);
+  with ``kv_dtype="float16"``; ``int16`` the same with ``kv_dtype="int16"`` (whole numbers
+  and a scale per token and KV head, the attention on the whole numbers: the default where
+  the CPU has AVX-512 VNNI); ``int8`` with ``kv_dtype="int8"`` (a scale per token and KV
+  head);
 - ``sim-fp16`` / ``sim-bf16``: float32 KV rounded in place to float16 / bfloat16 (to nearest,
   ties to even) after the prefill and after every step: a step's own new key is attended
   before it is rounded (the engine's float16 kernel rounds it first), so these two only
@@ -134,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.model:
         name, _, folder = spec.partition("=")
         full = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="float32"))
-        half = Engine.load(folder, EngineConfig(intra_op_threads=2)) \
+        half = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="float16")) \
             if kernels.f16kv_ready() else None
         if half is not None and half.spec.kv_pairs[0].dtype != "float16":
             half = None
         small = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="int8")) \
             if half is not None and kernels.i8kv_ready() else None
+        whole = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="int16")) \
+            if half is not None and kernels.i16kv_ready() else None
         rows = []
         for prompt in _prompts():
             ids = full.encode_request(GenerateRequest(prompt=prompt))
@@ -150,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 "sim-1ulp": (full, next_up)}
             if half is not None:
                 arms = {"fp16": (half, None), **arms}
+            if whole is not None:
+                arms = {"int16": (whole, None), **arms}
             if small is not None:
                 arms = {"int8": (small, None), **arms}
             for arm, (engine, rounding) in arms.items():
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in report.items():
         print(f"\n{name}: max |K| {max(r['max_key'] for r in rows):.1f}, max |V| "
               f"{max(r['max_value'] for r in rows):.2f} (float16 max {FP16_MAX:.0f})")
-        for arm in ("int8", "fp16", "sim-fp16", "sim-bf16", "sim-1ulp"):
+        for arm in ("int8", "int16", "fp16", "sim-fp16", "sim-bf16", "sim-1ulp"):
             if arm in rows[0]:
                 cells = [str(r[arm]["first_diff"] if r[arm]["first_diff"] is not None
                              else "same") for r in rows]

@@ -17,7 +17,7 @@ StopSequence = str | tuple[int, ...]
 
 PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda", "directml")
 #: `EngineConfig.kv_dtype`'s values.
-KV_DTYPES: tuple[str, ...] = ("auto", "float16", "float32", "int8")
+KV_DTYPES: tuple[str, ...] = ("auto", "float16", "float32", "int8", "int16")
 #: How long ORT's idle threads spin, µs, in the engine and the worker: long enough to bridge
 #: the gaps between a decode step's operators (a single-threaded operator between two
 #: parallel ones: 5 µs lost 18% of the built-in model's decode on a quiet machine, 10 µs
@@ -256,13 +256,15 @@ class EngineConfig:
     #: (engine/kernels: each KV head's cache read once for all its query heads, positions
     #: split across the threads); off, or not built, = ONNX Runtime's kernel throughout.
     own_kernels: bool = True
-    #: The live KV cache's element type on the CPU: "auto" = float16 where the engine's
+    #: The live KV cache's element type on the CPU: "auto" = 16 bits where the engine's
     #: kernel runs every attention node (engine.model.kv16_pass: half the KV bytes per
-    #: token), else the model's own; "float16" the same, and a load error where it cannot
-    #: apply; "int8" a quarter of float32's bytes (a scale per token and KV head; a load error
-    #: where it cannot apply); "float32" keeps a float32 export's KV as it is. A model exported
-    #: with float16
-    #: KV (GPU exports) keeps it whatever this says.
+    #: token): int16 whole numbers with a scale per row where the CPU has AVX-512 VNNI and
+    #: heads are a multiple of 32 (faster attention), float16 elsewhere; else the model's
+    #: own. "float16" and "int16" ask for one of them (a load error where it cannot apply;
+    #: int16 without AVX-512 VNNI runs plain C, the same numbers but slower); "int8" a
+    #: quarter of float32's bytes (a scale per token and KV head; a load error where it
+    #: cannot apply); "float32" keeps a float32 export's KV as it is. A model exported with
+    #: float16 KV (GPU exports) keeps it whatever this says.
     kv_dtype: str = "auto"
     #: Linux, CPU: cap the engine kernels' threads at the cores other programs leave free,
     #: looked at twice a second (engine.runtime.cpu_share: a step never waits on a thread
@@ -276,8 +278,9 @@ class EngineConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise InvalidOptionError("kv_dtype", f"expected one of {', '.join(KV_DTYPES)}, "
                                      f"got {self.kv_dtype!r}",
-                                     hint="use 'auto' (float16 where the engine's kernel "
-                                          "runs attention), 'int8' or 'float32'")
+                                     hint="use 'auto' (16 bits where the engine's kernel "
+                                          "runs attention), 'float16', 'int16', 'int8' or "
+                                          "'float32'")
         if self.intra_op_threads is not None:
             _check_int("intra_op_threads", self.intra_op_threads, minimum=1,
                        hint="leave unset to use the physical cores")

@@ -34,13 +34,14 @@ from engine.hub.bandwidth import ReadSpeed, rotary_bytes
 from engine.hub.remote import ModelShape
 from engine.memory.governor import governor_for
 from engine.memory.limits import TIER_LABELS, format_bytes, parse_limit
-from engine.model.kv16_pass import I8_SCALE_BYTES
+from engine.model.kv16_pass import I8_SCALE_BYTES, row_extra
 from engine.runtime.placement import plan_placement
 from engine.runtime.providers import (
     available_providers,
     int8_chosen,
     kv_room,
     provider_from_env,
+    sixteen_bit,
 )
 
 FITS, SHORTER, TOO_BIG = "fits", "fits with a shorter context", "too big"
@@ -131,13 +132,15 @@ def engine_provider(config: EngineConfig, weights_bytes: int) -> str:
 
 def engine_kv(shape: ModelShape, config: EngineConfig, provider: str,
               weights_bytes: int = 0) -> ModelShape:
-    """``shape`` with the KV the engine keeps: float16 on the CPU where its kernel runs
-    attention and ``config.kv_dtype`` allows (engine.model.kv16_pass), int8 where asked
-    for or where a memory limit's room holds less than the context in float16 (the rule
-    the load follows: engine.runtime.providers.int8_chosen), else as exported."""
+    """``shape`` with the KV the engine keeps: 16 bits on the CPU where its kernel runs
+    attention and ``config.kv_dtype`` allows (engine.model.kv16_pass; int16 rows carry a
+    scale: providers.sixteen_bit), int8 where asked for or where a memory limit's room
+    holds less than the context in 16 bits (the rule the load follows:
+    engine.runtime.providers.int8_chosen), else as exported."""
     if shape.kv_dtype_bytes == 4 and provider == "cpu" and config.kv_dtype != "float32" \
             and config.own_kernels and kernels.status().ready and kernels.f16kv_ready():
-        half = dataclasses.replace(shape, kv_dtype_bytes=2)
+        wide = sixteen_bit(config, [shape.head_dim])
+        half = dataclasses.replace(shape, kv_dtype_bytes=2, kv_row_extra=2 * row_extra(wide))
         context = min(shape.context, config.kv_max_len or shape.context)
         if int8_chosen(config, kv_room(config, weights_bytes, context),
                        half.kv_bytes_per_token):

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
-#: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512; "avx512": no AMX;
-#: "avx512-int16": a float16 cache's attention in int16 whole numbers where the CPU has
-#: AVX-512 VNNI (prefill faster, decode slower: engine/README.md; the tests cover each).
+#: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512 (an int16 cache's
+#: attention then runs in plain C, and "auto" keeps float16 KV); "avx512": no AMX (the
+#: tests cover each).
 ENV = "ONNX_GENAI_KERNELS"
 #: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
 #: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT), and so
@@ -96,10 +96,11 @@ def matmul_fp32_fast() -> bool:
     return matmul_paths() == "avx512-vnni" or matmul_eight_bit()
 
 
-#: The operators over a float16 and an int8 KV cache (engine.model.kv16_pass), by their
-#: registered names.
+#: The operators over a float16, an int8 and an int16 KV cache (engine.model.kv16_pass), by
+#: their registered names.
 F16KV_OP = b"GroupQueryAttentionF16KV"
 I8KV_OP = b"GroupQueryAttentionI8KV"
+I16KV_OP = b"GroupQueryAttentionI16KV"
 _ops_seen: dict[tuple[str, int, int, bytes], bool] = {}
 
 
@@ -124,6 +125,27 @@ def f16kv_ready() -> bool:
 def i8kv_ready() -> bool:
     """Whether the library registers the int8-KV attention."""
     return _registers(I8KV_OP)
+
+
+def i16kv_ready() -> bool:
+    """Whether the library registers the int16-KV attention."""
+    return _registers(I16KV_OP)
+
+
+def i16kv_fast() -> bool:
+    """Whether the int16-KV attention runs on AVX-512 VNNI here (ENV leaving AVX-512 in):
+    then the engine keeps int16 KV by default; elsewhere plain C runs it (the same numbers,
+    slower), so float16 stays the default."""
+    path = library()
+    if path is None or not i16kv_ready():
+        return False
+    try:
+        fast = ctypes.CDLL(str(path)).EngineKernelsInt16Fast
+    except (OSError, AttributeError):
+        return False
+    fast.restype = ctypes.c_int
+    fast.argtypes = []
+    return bool(fast())
 
 
 def c_compiler() -> str | None:
@@ -232,8 +254,9 @@ class KernelUse:
     matmul_nodes: int = 0
     matmul_moved: int = 0
     matmul_kept: Counter[str] = field(default_factory=Counter)
-    #: The live KV cache's element type ("float16" / "float32"; None: the graph has none),
-    #: and why it is not float16 where the model's KV could have been (None otherwise).
+    #: The live KV cache's element type ("int16" / "float16" / "int8" / "float32"; None: the
+    #: graph has none), and why it is not 16-bit where the model's KV could have been (None
+    #: otherwise).
     kv_dtype: str | None = None
     kv_reason: str | None = None
 
@@ -250,7 +273,7 @@ class KernelUse:
         return text
 
     def kv_line(self) -> str | None:
-        """The KV cache's element type, and why it is not float16 (None: no KV)."""
+        """The KV cache's element type, and why it is not 16-bit (None: no KV)."""
         if self.kv_dtype is None:
             return None
         return f"KV cache {self.kv_dtype}" + (f" ({self.kv_reason})" if self.kv_reason else "")

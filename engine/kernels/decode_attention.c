@@ -25,8 +25,9 @@
  * half the bytes read a step. Shapes its own code does not cover go to ONNX Runtime's fp32
  * kernel on float32 copies of the caches (the present rounded back to float16).
  *
- * (Asked for with ONNX_GENAI_KERNELS=avx512-int16, on AVX-512 VNNI, a float16 cache's
- * attention runs in int16 whole numbers instead: the section of that name.)
+ * `engine.kernels::GroupQueryAttentionI16KV` keeps each cache row as int16 whole numbers and
+ * their scale, and runs the attention on the whole numbers (the section "an int16 cache";
+ * VPDPWSSD where the CPU has AVX-512 VNNI): the engine's default KV on such CPUs.
  *
  * `engine.kernels::GroupQueryAttentionI8KV` keeps each cache row as int8 values and their
  * scale; where the CPU has AMX-BF16 its scores run on the tile unit (the AMX section).
@@ -53,38 +54,50 @@ static const int INPUT_TYPES_F16KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLO
                                                ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 static const int INPUT_TYPES_I8KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_INT8, ELEM_INT8,
                                               ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
+static const int INPUT_TYPES_I16KV[N_INPUTS] = {ELEM_FLOAT, ELEM_FLOAT, ELEM_FLOAT, ELEM_INT16, ELEM_INT16,
+                                               ELEM_INT32, ELEM_INT32, ELEM_FLOAT, ELEM_FLOAT};
 static const int INPUT_REQUIRED_MASK[N_INPUTS] = {1, 0, 0, 0, 0, 1, 1, 0, 0};
 
 /* The KV caches' element. KV_I8: a row of head_size int8 values, then its scale as a
    bfloat16 (head_size + 2 bytes: a quarter of float32's bytes, and a bit): value d is
-   q[d] * scale, one multiply in float on every path. */
-enum { KV_F32 = 0, KV_F16 = 1, KV_I8 = 2 };
+   q[d] * scale, one multiply in float on every path. KV_I16: a row of head_size int16 whole
+   numbers, then its scale as a bfloat16 (head_size + 1 int16; the section "an int16
+   cache"). */
+enum { KV_F32 = 0, KV_F16 = 1, KV_I8 = 2, KV_I16 = 3 };
 #define I8_ROW(D) ((D) + 2)
+#define I16_ROW(D) ((D) + 1)
 
 typedef struct Kernel {
   int64_t num_heads, kv_num_heads, local_window_size, do_rotary, rotary_interleaved, smooth_softmax;
   float scale, softcap;
-  int kind;        /* the caches' element: KV_F32, KV_F16 (GroupQueryAttentionF16KV), KV_I8 (...I8KV) */
+  int kind;        /* the caches' element: KV_F32, KV_F16 (GroupQueryAttentionF16KV), KV_I8 (...I8KV), KV_I16 */
   OrtOp* fallback; /* ONNX Runtime's own GroupQueryAttention (float32) */
 } Kernel;
 
-static CustomOp g_op, g_op_f16, g_op_i8; /* the operators' tables (RegisterCustomOps fills them) */
+static CustomOp g_op, g_op_f16, g_op_i8, g_op_i16; /* the operators' tables (RegisterCustomOps fills them) */
 
+/* The caches' element an operator's table stands for. */
+static int op_kind(const void* op) {
+  return op == (const void*)&g_op_f16   ? KV_F16
+         : op == (const void*)&g_op_i8  ? KV_I8
+         : op == (const void*)&g_op_i16 ? KV_I16
+                                        : KV_F32;
+}
 
 static const char* ORT_CALL op_name(const void* op) {
-  return op == (const void*)&g_op_f16  ? "GroupQueryAttentionF16KV"
-         : op == (const void*)&g_op_i8 ? "GroupQueryAttentionI8KV"
-                                       : "GroupQueryAttention";
+  static const char* const names[] = {"GroupQueryAttention", "GroupQueryAttentionF16KV", "GroupQueryAttentionI8KV",
+                                      "GroupQueryAttentionI16KV"};
+  return names[op_kind(op)];
 }
 static const char* ORT_CALL op_provider(const void* op) { (void)op; return "CPUExecutionProvider"; }
 static int ORT_CALL input_type(const void* op, size_t i) {
-  return op == (const void*)&g_op_f16 ? INPUT_TYPES_F16KV[i] : op == (const void*)&g_op_i8 ? INPUT_TYPES_I8KV[i]
-                                                                                          : INPUT_TYPES[i];
+  static const int* const types[] = {INPUT_TYPES, INPUT_TYPES_F16KV, INPUT_TYPES_I8KV, INPUT_TYPES_I16KV};
+  return types[op_kind(op)][i];
 }
 static size_t ORT_CALL input_count(const void* op) { (void)op; return N_INPUTS; }
 static int ORT_CALL output_type(const void* op, size_t i) {
-  if (i == 0) return ELEM_FLOAT;
-  return op == (const void*)&g_op_f16 ? ELEM_FLOAT16 : op == (const void*)&g_op_i8 ? ELEM_INT8 : ELEM_FLOAT;
+  static const int caches[] = {ELEM_FLOAT, ELEM_FLOAT16, ELEM_INT8, ELEM_INT16};
+  return i == 0 ? ELEM_FLOAT : caches[op_kind(op)];
 }
 static size_t ORT_CALL output_count(const void* op) { (void)op; return N_OUTPUTS; }
 static int ORT_CALL input_characteristic(const void* op, size_t i) {
@@ -153,7 +166,7 @@ static OrtStatus* ORT_CALL kernel_create(const void* op, const void* api, const 
   (void)api;
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (k == NULL) return API(CreateStatus)(ORT_FAIL, "out of memory");
-  k->kind = op == (const void*)&g_op_f16 ? KV_F16 : op == (const void*)&g_op_i8 ? KV_I8 : KV_F32;
+  k->kind = op_kind(op);
   k->num_heads = attr_int(info, "num_heads", 0);
   k->kv_num_heads = attr_int(info, "kv_num_heads", 0);
   k->local_window_size = attr_int(info, "local_window_size", -1);
@@ -548,6 +561,119 @@ __attribute__((target("avx512f"))) static float largest_avx512(const float* x, i
    first-level cache while every query vector of the block goes over them. */
 #define TILE 64
 
+/* ---- an int16 cache (GroupQueryAttentionI16KV) -----------------------------------------
+
+   A cache row (one token, one KV head): head_size whole numbers q, then the row's scale
+   as a bfloat16, head_size + 1 int16 (3% more than float16's). Value d is q[d] * scale,
+   exact in float32 (a whole number of 13 bits times an 8-bit significand). The attention
+   runs on the whole numbers as the float16 cache's int16 path does (the section "in int16
+   whole numbers"), with the rows' conversion done once, when a row is written, instead of
+   at every read: a score is ((float)(q . k, exact in int32) * q's scale) * k's scale, and a
+   tile's weighted values (TILE positions at fixed places) sum exactly in int32 before one
+   multiply-add into the float total. Integer sums are exact in any order, so every path
+   (VPDPWSSD where the CPU has AVX-512 VNNI, plain C otherwise) gives the same bits. */
+
+/* The largest M with D * M * M < 2^31 (the products' sum of a row then fits int32). */
+static int64_t i16_limit(int64_t D) {
+  int64_t m = (int64_t)sqrt(2147483647.0 / (double)D);
+  while (D * (m + 1) * (m + 1) <= 2147483647) ++m;
+  while (D * m * m > 2147483647) --m;
+  return m;
+}
+
+/* The largest |q| of an int16 cache's row: a score's D products and a tile's TILE weighted
+   values then both sum exactly in int32 (5,792 for heads of 64 or less, 4,095 for 128). */
+static inline int64_t i16_row_limit(int64_t D) { return i16_limit(D > TILE ? D : TILE); }
+
+/* An int16 row's scale (the bfloat16 after its D whole numbers). */
+static inline float i16_row_scale(const int16_t* row, int64_t D) {
+  uint16_t bits;
+  memcpy(&bits, row + D, sizeof bits);
+  const uint32_t wide = (uint32_t)bits << 16;
+  float scale;
+  memcpy(&scale, &wide, sizeof scale);
+  return scale;
+}
+
+/* A new key or value row into the int16 cache: scale = largest |x| / M rounded up to a
+   bfloat16, q = x / scale rounded to nearest (ties to even). Rounding up leaves no value
+   past M (the int8 rows round to nearest and clip instead: with 127 steps that was the
+   better trade; with M steps the clipped largest value would be off by up to 11 of them).
+   An all-zero row keeps scale 0; a row with inf or NaN becomes zeros. HOT: the roundings
+   in vector instructions where the CPU has them (exact, so the same whole numbers). */
+HOT static void floats_to_i16_row(const float* x, int64_t D, int16_t* row) {
+  const float M = (float)i16_row_limit(D);
+  float top = 0.0f;
+  for (int64_t d = 0; d < D; ++d) top = fabsf(x[d]) > top ? fabsf(x[d]) : top;
+  const float exact = top / M;
+  uint32_t wide;
+  memcpy(&wide, &exact, sizeof wide);
+  if ((wide & 0x7F800000u) != 0x7F800000u) wide += 0xFFFFu; /* up: exact is >= 0 */
+  const uint16_t bits = (uint16_t)(wide >> 16);
+  memcpy(row + D, &bits, sizeof bits);
+  const float scale = i16_row_scale(row, D);
+  for (int64_t d = 0; d < D; ++d) {
+    const float v = scale > 0.0f ? nearbyintf(x[d] / scale) : 0.0f;
+    row[d] = (int16_t)(v > M ? M : v < -M ? -M : v == v ? v : 0.0f);
+  }
+}
+
+/* f[i * D + d] = row i's value d as a float (exact), for `rows` int16 rows at src. */
+HOT static void i16_rows_to_floats(const int16_t* src, int64_t rows, int64_t D, float* f) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int16_t* row = src + i * I16_ROW(D);
+    const float scale = i16_row_scale(row, D);
+    for (int64_t d = 0; d < D; ++d) f[i * D + d] = (float)row[d] * scale;
+  }
+}
+
+/* A query vector as whole numbers for an int16 cache: out[d] = q[d] * M / its largest |x|
+   rounded to nearest even (M = i16_limit(D)); returns its scale, largest / M. Every path
+   quantizes its queries here (HOT: as floats_to_i16_row). */
+HOT static float i16_query_rows(const float* q, int64_t D, float M, int16_t* out) {
+  float m = 0.0f;
+  for (int64_t d = 0; d < D; ++d) m = fabsf(q[d]) > m ? fabsf(q[d]) : m;
+  const float inv = m > 0.0f ? M / m : 0.0f;
+  for (int64_t d = 0; d < D; ++d) out[d] = (int16_t)nearbyintf(q[d] * inv);
+  return m / M;
+}
+
+/* scores[t] = ((float)(q . key t, exact) * sq) * key t's scale for t < n, the keys int16
+   rows at K (the plain C path; the VNNI one computes the same numbers: i16_dots). */
+static ALWAYS_INLINE void i16_row_dots(const int16_t* q, float sq, const int16_t* K, int64_t n, const int64_t D,
+                                       float* scores) {
+  for (int64_t t = 0; t < n; ++t) {
+    const int16_t* k = K + t * I16_ROW(D);
+    int32_t sum = 0;
+    for (int64_t d = 0; d < D; ++d) sum += (int32_t)q[d] * (int32_t)k[d];
+    scores[t] = ((float)sum * sq) * i16_row_scale(k, D);
+  }
+}
+
+/* One query vector's weighted values over a tile of an int16 cache (the plain C path of
+   i16_weights and i16_weigh): w[t] = p[t] * value t's scale for t < m, as whole numbers
+   whose largest is i16_limit(TILE) (nearest even); acc[d] += (float)(sum of w[t] * value
+   t's q[d], exact) * the weights' scale, one multiply-add. */
+static ALWAYS_INLINE void i16_row_weigh(const float* p, const int16_t* V, int64_t m, const int64_t D, float* acc) {
+  const float Mt = (float)i16_limit(TILE);
+  float w[TILE];
+  float most = 0.0f;
+  for (int64_t t = 0; t < m; ++t) {
+    w[t] = p[t] * i16_row_scale(V + t * I16_ROW(D), D);
+    most = fabsf(w[t]) > most ? fabsf(w[t]) : most;
+  }
+  const float inv = most > 0.0f ? Mt / most : 0.0f;
+  int32_t sum[MAX_HEAD];
+  for (int64_t d = 0; d < D; ++d) sum[d] = 0;
+  for (int64_t t = 0; t < m; ++t) {
+    const int32_t wt = (int32_t)nearbyintf(w[t] * inv);
+    const int16_t* v = V + t * I16_ROW(D);
+    for (int64_t d = 0; d < D; ++d) sum[d] += wt * (int32_t)v[d];
+  }
+  const float sw = most / Mt;
+  for (int64_t d = 0; d < D; ++d) acc[d] = fmaf((float)sum[d], sw, acc[d]);
+}
+
 #ifdef HAVE_X86_PATHS
 /* Query vectors reading one tile from which the transposed path (dots_t16) pays: below,
    transposing the tile costs more than the reductions it saves. */
@@ -752,135 +878,66 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
   }
 }
 
-/* ---- a float16 cache's attention in int16 whole numbers (AVX-512 VNNI, asked for) ---------
+/* ---- an int16 cache's attention on AVX-512 VNNI ------------------------------------------
 
-   With ONNX_GENAI_KERNELS=avx512-int16 on a CPU with AVX-512 VNNI, a float16 cache's scores
-   and weighted sums are dot products of whole numbers. Each key row (one token, one KV
-   head) and each query vector is scaled so its largest |x| is M = i16_limit(D) (5,792 for a
-   head of 64) and rounded to the nearest whole number (ties to even), and
+   The whole numbers of the section "an int16 cache" on VPDPWSSD, 32 int16 products an
+   instruction where a float32 multiply-add makes 16 (both two a cycle on Zen 5). A tile's
+   keys are transposed to sixteen keys a register (pairs of dimensions in each lane) and
+   every query vector's pairs broadcast against them, so a prefill block needs no lane
+   reductions; a tile's values go by pairs of positions, each query vector's weights (as
+   whole numbers) broadcast by pairs. The rows are whole numbers already: reading a tile
+   is a transposition, no arithmetic. */
 
-       q . k = ((float)(sum of the D products, exact in int32) * q's scale) * k's scale,
+#define I16_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 
-   a scale being the row's largest |x| / M; M is the largest whole number with D * M^2 <
-   2^31, so no sum overflows. The weighted sums go tile by tile (TILE positions at fixed
-   places): each value row as whole numbers the same way (M = i16_limit(TILE)), a query
-   vector's weights times the rows' scales as whole numbers against the tile's largest, and
-   acc += (float)(the tile's exact sum) * the weights' scale. Every sum is exact whatever
-   its order, so a decode step and a prefill block get the same bits by construction, and
-   VPDPWSSD makes 32 products an instruction where a float32 multiply-add makes 16 (both
-   two a cycle on Zen 5). What it costs: precision (a value keeps 13.5 bits against its
-   row's largest; float16 keeps 11 of each value; bench.kv_dtype found answers as close to
-   float32 KV's as the float path's), and every read of a row converts it again: a
-   prefill's block shares that among 192 query vectors, a decode step among 3, so decode
-   steps got slower (engine/README.md). Hence off by default: converting each row once,
-   when it is written, needs a cache that keeps the whole numbers and their scales. */
+/* 1: an int16 cache's attention runs on VPDPWSSD (AVX-512 VNNI; set at registration). */
+static int g_vnni;
 
-#define I16_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,f16c")))
-
-/* 1: a float16 cache's attention takes this path (set at registration). */
-static int g_i16;
-
-/* The largest M with D * M * M < 2^31 (the products' sum of a row then fits int32). */
-static int64_t i16_limit(int64_t D) {
-  int64_t m = (int64_t)sqrt(2147483647.0 / (double)D);
-  while (D * (m + 1) * (m + 1) <= 2147483647) ++m;
-  while (D * m * m > 2147483647) --m;
-  return m;
+/* Ask for the sixteen rows a tile (TILE rows) after the sixteen at src: a decode step reads
+   the cache once, at memory's pace, and the rows' 2 * D + 2 bytes start where the hardware's
+   stream prediction does not keep up with them (decode attention 25 GB/s without this). */
+I16_TARGET static inline void i16_ahead(const int16_t* src, const int64_t D) {
+  const char* ahead = (const char*)(src + TILE * I16_ROW(D));
+  for (int64_t b = 0; b < 16 * 2 * I16_ROW(D); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
 }
 
-/* Whole numbers of one row: x (two registers of sixteen floats, dimensions 32h.. and 32h +
-   16..) times inv, rounded to nearest even, as 32 int16 (VPACKSSDW's order: within each
-   128-bit lane four of the first, then four of the second; keys and queries share it, so
-   the pairs line up). */
-I16_TARGET static inline __m512i i16_pack(__m512 x0, __m512 x1, __m512 inv) {
-  return _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv)));
-}
-
-/* A query vector (D floats, D a multiple of 32) as whole numbers: out[p] = its pair p (D / 2
-   int32, i16_pack's order); returns its scale. */
-I16_TARGET static float i16_query(const float* q, int64_t D, float M, int32_t* out) {
-  __m512 top = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 16) top = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(q + d)), top);
-  const float m = _mm512_reduce_max_ps(top);
-  const __m512 inv = _mm512_set1_ps(m > 0.0f ? M / m : 0.0f);
-  for (int64_t h = 0; h < D / 32; ++h)
-    _mm512_storeu_si512(out + 16 * h, i16_pack(_mm512_loadu_ps(q + 32 * h), _mm512_loadu_ps(q + 32 * h + 16), inv));
-  return m / M;
-}
-
-/* The scales of sixteen float16 rows of D at src (the first `m` there, the rest zero):
-   returns M / row i's largest |x| in lane i (0 for a row of zeros), scale[i] = largest / M.
-   The largest is found on the halves' bits (their magnitudes order as the values do). */
-I16_TARGET static ALWAYS_INLINE __m512 i16_scales(const uint16_t* src, int64_t m, const int64_t D, float M,
-                                                  float* scale) {
-  const __m512i magnitude = _mm512_set1_epi16(0x7FFF), low = _mm512_set1_epi32(0xFFFF);
-  __m512 tops[16];
-  for (int64_t i = 0; i < 16; ++i) {
-    __m512i top = _mm512_setzero_si512();
-    if (i < m)
-      for (int64_t d = 0; d < D; d += 32)
-        top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + i * D + d), magnitude));
-    tops[i] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(top, low), _mm512_srli_epi32(top, 16)));
-  }
-  transpose16(tops, tops); /* lane i of tops[c]: row i's c-th partial maximum */
-  __m512i most = _mm512_castps_si512(tops[0]);
-  for (int c = 1; c < 16; ++c) most = _mm512_max_epu32(most, _mm512_castps_si512(tops[c]));
-  const __m512 big = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(most)), Mv = _mm512_set1_ps(M);
-  _mm512_storeu_ps(scale, _mm512_div_ps(big, Mv));
-  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(big, _mm512_setzero_ps(), _CMP_GT_OQ), Mv, big);
-}
-
-/* Lane i of x in every lane, from the register (no store and reload of the sixteen). */
-I16_TARGET static inline __m512 i16_lane(__m512 x, int64_t i) {
-  return _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), x);
-}
-
-/* Keys k0..k0 + 15 of a float16 tile (rows of D halves at src; the first `m` there, the
-   rest zero) as whole numbers, transposed: kt[p * TILE + k0 + i] = key i's pair p (as
-   i16_query's), scale[k0 + i] its scale. D a multiple of 32, at most MAX_HEAD. */
-I16_TARGET static void i16_keys(const uint16_t* src, int64_t m, const int64_t D, float M, int32_t* kt,
-                                float* scale) {
-  const __m512 inv = i16_scales(src, m, D, M, scale);
+/* Keys k0..k0 + 15 of an int16 cache's tile (rows of I16_ROW(D) at src, the first `m`
+   there, the rest zero) as i16_keys leaves a float16 tile's: kt[p * TILE + k0 + i] = key
+   i's pair p (the rows' own order: dimensions 2p and 2p + 1), scale[k0 + i] its scale.
+   Only a transposition: the rows are whole numbers already. */
+I16_TARGET static void i16_row_keys(const int16_t* src, int64_t m, const int64_t D, int32_t* kt, float* scale) {
+  i16_ahead(src, D);
+  for (int64_t i = 0; i < 16; ++i) scale[i] = i < m ? i16_row_scale(src + i * I16_ROW(D), D) : 0.0f;
   for (int64_t h = 0; h < D / 32; ++h) {
     __m512 rows[16];
-    for (int64_t i = 0; i < 16; ++i) {
-      if (i >= m) {
-        rows[i] = _mm512_setzero_ps();
-        continue;
-      }
-      const __m512i halves = _mm512_loadu_si512(src + i * D + 32 * h);
-      const __m512 b = i16_lane(inv, i);
-      rows[i] = _mm512_castsi512_ps(i16_pack(_mm512_cvtph_ps(_mm512_castsi512_si256(halves)),
-                                             _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1)), b));
-    }
+    for (int64_t i = 0; i < 16; ++i)
+      rows[i] = i < m ? _mm512_castsi512_ps(_mm512_loadu_si512(src + i * I16_ROW(D) + 32 * h)) : _mm512_setzero_ps();
     transpose16(rows, rows); /* rows[c]: pair 16h + c of the sixteen keys */
     for (int c = 0; c < 16; ++c) _mm512_storeu_ps((float*)kt + (16 * h + c) * TILE, rows[c]);
   }
 }
 
-/* Values v0..v0 + 15 of a float16 tile (as i16_keys; whole numbers of at most M against each
-   row's largest) by pairs of positions: vt[(j * (D / 16) + c) * 16 + l] = value 2j's
-   dimension 16c + l in the low half, value 2j + 1's in the high half (j counted from the
-   tile's start: v0 / 2 + ...), scale[v0 + i] value i's scale. */
-I16_TARGET static void i16_values(const uint16_t* src, int64_t m, const int64_t D, float M, int32_t* vt,
-                                  float* scale) {
-  const __m512 inv = i16_scales(src, m, D, M, scale);
-  const __m512i low = _mm512_set1_epi32(0xFFFF);
+/* Values v0..v0 + 15 of an int16 cache's tile by pairs of positions, as i16_values leaves
+   a float16 tile's: vt[(j * (D / 16) + c) * 16 + l] = value 2j's q[16c + l] in the low
+   half, value 2j + 1's in the high half; scale[v0 + i] value i's scale. */
+I16_TARGET static void i16_row_values(const int16_t* src, int64_t m, const int64_t D, int32_t* vt, float* scale) {
+  i16_ahead(src, D);
+  int16_t order[2][32]; /* int16 lane 2l: a's dimension l (or 16 + l); lane 2l + 1: b's (b from 32) */
+  for (int l = 0; l < 16; ++l) {
+    order[0][2 * l] = (int16_t)l;
+    order[0][2 * l + 1] = (int16_t)(32 + l);
+    order[1][2 * l] = (int16_t)(16 + l);
+    order[1][2 * l + 1] = (int16_t)(48 + l);
+  }
+  const __m512i first = _mm512_loadu_si512(order[0]), second = _mm512_loadu_si512(order[1]);
+  for (int64_t i = 0; i < 16; ++i) scale[i] = i < m ? i16_row_scale(src + i * I16_ROW(D), D) : 0.0f;
   for (int64_t i = 0; i < 16; i += 2)
-    for (int64_t c = 0; c < D / 16; ++c) {
-      __m512i pair = _mm512_setzero_si512();
-      if (i < m) {
-        const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i * D + 16 * c))), i16_lane(inv, i)));
-        pair = _mm512_and_si512(a, low);
-        if (i + 1 < m) {
-          const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(
-              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + (i + 1) * D + 16 * c))),
-              i16_lane(inv, i + 1)));
-          pair = _mm512_or_si512(pair, _mm512_slli_epi32(b, 16));
-        }
-      }
-      _mm512_storeu_si512(vt + ((i / 2) * (D / 16) + c) * 16, pair);
+    for (int64_t h = 0; h < D / 32; ++h) {
+      const __m512i a = i < m ? _mm512_loadu_si512(src + i * I16_ROW(D) + 32 * h) : _mm512_setzero_si512();
+      const __m512i b = i + 1 < m ? _mm512_loadu_si512(src + (i + 1) * I16_ROW(D) + 32 * h) : _mm512_setzero_si512();
+      int32_t* at = vt + ((i / 2) * (D / 16) + 2 * h) * 16;
+      _mm512_storeu_si512(at, _mm512_permutex2var_epi16(a, first, b));
+      _mm512_storeu_si512(at + 16, _mm512_permutex2var_epi16(a, second, b));
     }
 }
 
@@ -1719,7 +1776,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   /* a float16 or int8 cache's row t of chunk t0 for row r (its batch row, KV head g) */
 #define KVC_AT(base, r, t)                                                                  \
   ((const char*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * \
-                             (kind == KV_I8 ? I8_ROW(D) : 2 * D))
+                             (kind == KV_I8 ? I8_ROW(D) : kind == KV_I16 ? 2 * I16_ROW(D) : 2 * D))
   /* The end of row r's batch row in the block (its rows' totals grow with r). */
 #define BATCH_END(r) ((((r) / s->seq) + 1) * s->seq < r1 ? (((r) / s->seq) + 1) * s->seq : r1)
   /* tile ts of row r's batch row into `tile`, as far as the block's rows of it read. */
@@ -1728,6 +1785,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
     const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts), m_ = reach_ < TILE ? reach_ : TILE; \
     if (kind == KV_I8)                                                                         \
       i8_rows_to_floats((const int8_t*)KVC_AT(base, r, ts), m_, D, tile);                      \
+    else if (kind == KV_I16)                                                                   \
+      i16_rows_to_floats((const int16_t*)KVC_AT(base, r, ts), m_, D, tile);                    \
     else                                                                                       \
       halves_to_floats((const uint16_t*)KVC_AT(base, r, ts), m_ * D, tile);                    \
   } while (0)
@@ -1735,15 +1794,17 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
      the keys' dot products computed sixteen keys to a register (dots_t16; AVX2: eight,
      dots_t8): the same bits as `dots`, without its per-key reductions. */
+  /* the limit of a query's whole numbers for an int16 cache (D products a sum) */
+  const float M = kind == KV_I16 ? (float)i16_limit(D) : 0.0f;
 #ifdef HAVE_X86_PATHS
-  /* a float16 cache's scores and weighted sums in whole numbers (g_i16): the limits of a
-     row's whole numbers for the scores (D products a sum) and the weighted sums (TILE) */
-  const int i16 = kind == KV_F16 && g_i16 && D % 32 == 0 && D <= MAX_HEAD;
-  const float M = i16 ? (float)i16_limit(D) : 0.0f, Mt = i16 ? (float)i16_limit(TILE) : 0.0f;
+  /* its scores and weighted sums on VPDPWSSD (g_vnni), else in plain C; the limit of the
+     weights' whole numbers (TILE products a sum) */
+  const int i16 = kind == KV_I16 && g_vnni && D % 32 == 0 && D <= MAX_HEAD;
+  const float Mt = i16 ? (float)i16_limit(TILE) : 0.0f;
 #endif
 #ifdef HAVE_AMX
   /* an int8 or float16 cache's scores on AMX tiles, where the CPU has them (amx_scores) */
-  const int amx = g_amx && kind != KV_F32 && (D == 64 || D == 128);
+  const int amx = g_amx && (kind == KV_F16 || kind == KV_I8) && (D == 64 || D == 128);
   unsigned char* stage = amx ? amx_scratch() : NULL;
   if (amx && stage == NULL) {
     ((Step*)s)->failed = 1; /* the run reports it */
@@ -1763,15 +1824,13 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
   } else
 #endif
   {
-#ifdef HAVE_X86_PATHS
   /* the block's query vectors as whole numbers first, into `accs` (free until the
      weighted sums, which clear it) */
-  int32_t* qq = (int32_t*)accs;          /* [rows * G][D / 2] */
-  float* qs = accs + rows * G * (D / 2); /* [rows * G] */
-  if (i16)
+  int32_t* qq = (int32_t*)accs;                /* [rows * G][D] int16, by pairs */
+  float* qs = accs + rows * G * ((D + 1) / 2); /* [rows * G] */
+  if (kind == KV_I16)
     for (int64_t v = 0; v < rows * G; ++v)
-      qs[v] = i16_query(s->q + ((r0 + v / G) * s->heads + g * G + v % G) * D, D, M, qq + v * (D / 2));
-#endif
+      qs[v] = i16_query_rows(s->q + ((r0 + v / G) * s->heads + g * G + v % G) * D, D, M, (int16_t*)qq + v * D);
   for (int64_t ts = 0; ts < longest; ts += TILE) {
     int64_t converted = -1; /* the batch row whose tile ts is in `tile` */
     for (int64_t ra = r0, rb; ra < r1; ra = rb) {
@@ -1784,7 +1843,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         int32_t* kt = (int32_t*)tile; /* [D / 2][TILE] */
         float* sk = tile + TILE * (D / 2);
         for (int64_t k0 = 0; k0 < 16 * groups; k0 += 16)
-          i16_keys((const uint16_t*)KVC_AT(s->keys, ra, ts) + k0 * D, mt - k0, D, M, kt + k0, sk + k0);
+          i16_row_keys((const int16_t*)KVC_AT(s->keys, ra, ts) + k0 * I16_ROW(D), mt - k0, D, kt + k0, sk + k0);
         const int32_t* qv[MAX_VECTORS];
         float qsv[MAX_VECTORS];
         float* sv[MAX_VECTORS];
@@ -1803,7 +1862,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
       }
       const int wide = g_isa == 2 && D % 16 == 0,
                 narrow = g_isa == 1 && D % 8 == 0 && (kind != KV_F16 || g_half >= 1);
-      if ((wide || narrow) && (rb - ra) * G >= TRANSPOSED_FROM) {
+      if ((wide || narrow) && kind != KV_I16 && (rb - ra) * G >= TRANSPOSED_FROM) {
         const int64_t mt = reach < TILE ? reach : TILE;
         const void* src = kind ? (const void*)KVC_AT(s->keys, ra, ts) : (const void*)KV_AT(s->keys, ra, ts);
         if (wide)
@@ -1832,6 +1891,14 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         const int64_t n = ROW_N(r);
         if (n <= ts) continue;
         const int64_t m = n - ts < TILE ? n - ts : TILE;
+        if (kind == KV_I16) { /* whole numbers in plain C (the same numbers as i16_dots) */
+          for (int64_t j = 0; j < G; ++j) {
+            const int64_t v = (r - r0) * G + j;
+            i16_row_dots((const int16_t*)qq + v * D, qs[v], (const int16_t*)KVC_AT(s->keys, r, ts), m, D,
+                         scores + v * CHUNK + ts);
+          }
+          continue;
+        }
         const float* keys;
         if (kind) {
           if (r / s->seq != converted) {
@@ -1891,9 +1958,9 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         const int64_t reach = ROW_N(rb - 1) - ts, mt = reach < TILE ? reach : TILE, len = (mt + 31) / 32 * 32;
         int32_t* vt = (int32_t*)tile;          /* [TILE / 2][D] */
         float* sv = tile + TILE * (D / 2);
-        const uint16_t* vsrc = (const uint16_t*)KVC_AT(s->values, ra, ts);
         for (int64_t v0 = 0; v0 < len; v0 += 16)
-          i16_values(vsrc + v0 * D, mt - v0, D, Mt, vt + (v0 / 2) * D, sv + v0);
+          i16_row_values((const int16_t*)KVC_AT(s->values, ra, ts) + v0 * I16_ROW(D), mt - v0, D,
+                         vt + (v0 / 2) * D, sv + v0);
         int32_t wbuf[6 * (TILE / 2)];
         const int32_t* wq[6];
         float sw[6];
@@ -1937,6 +2004,16 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         }
       }
 #endif
+      if (kind == KV_I16) { /* whole numbers in plain C (the same numbers as i16_weigh) */
+        for (int64_t r = ra; r < rb; ++r) {
+          const int64_t n = ROW_N(r);
+          if (n <= ts) continue;
+          for (int64_t j = 0; j < G; ++j)
+            i16_row_weigh(scores + ((r - r0) * G + j) * CHUNK + ts, (const int16_t*)KVC_AT(s->values, r, ts),
+                          n - ts < TILE ? n - ts : TILE, D, accs + ((r - r0) * G + j) * D);
+        }
+        continue;
+      }
       CONVERT_TILE(s->values, ra, ts);
     }
     const float* vp[MAX_VECTORS];
@@ -2014,6 +2091,8 @@ HOT __attribute__((noinline)) static void attend_piece(const Step* s, int64_t r0
     ATTEND_KIND(KV_F16)
   } else if (s->kind == KV_I8) {
     ATTEND_KIND(KV_I8)
+  } else if (s->kind == KV_I16) {
+    ATTEND_KIND(KV_I16)
   } else {
     ATTEND_KIND(KV_F32)
   }
@@ -2178,28 +2257,33 @@ static OrtStatus* run_fallback(const Kernel* k, OrtKernelContext* context, const
 
 /* run_fallback for a float16 or int8 cache: ONNX Runtime's fp32 kernel on float32 copies
    of the past caches, into float32 presents that are then stored back in the cache's
-   element (rounded to float16; quantized row by row to int8). (The attention reads the new
+   element (rounded to float16; quantized row by row to int8 or int16). (The attention reads the new
    keys and values before their rounding here; the engine's own runs never come this way.) */
 static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, const OrtValue** inputs) {
   __atomic_add_fetch(&g_fallbacks, 1, __ATOMIC_RELAXED);
-  const int i8 = k->kind == KV_I8;
+  const int i8 = k->kind == KV_I8, i16 = k->kind == KV_I16;
   Tensor query, past[2] = {{0}, {0}};
   TRY(describe(inputs[0], &query));
-  if (query.rank != 3) return fail(i8 ? "GroupQueryAttentionI8KV: query must be [batch, sequence, hidden]"
-                                      : "GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
+  if (query.rank != 3)
+    return fail(i8    ? "GroupQueryAttentionI8KV: query must be [batch, sequence, hidden]"
+                : i16 ? "GroupQueryAttentionI16KV: query must be [batch, sequence, hidden]"
+                      : "GroupQueryAttentionF16KV: query must be [batch, sequence, hidden]");
   const int64_t width = query.dims[2];
   const int64_t D = inputs[1] == NULL ? width / (k->num_heads + 2 * k->kv_num_heads) : width / k->num_heads;
-  const int64_t row = i8 ? I8_ROW(D) : D; /* the cache's last dimension */
+  const int64_t row = i8 ? I8_ROW(D) : i16 ? I16_ROW(D) : D; /* the cache's last dimension */
   const int64_t total = read_scalar(inputs[6]);
   int64_t present_len = total;
   for (int i = 0; i < 2; ++i) {
     if (inputs[3 + i] == NULL) continue;
     TRY(describe(inputs[3 + i], &past[i]));
-    if (past[i].elem != (i8 ? ELEM_INT8 : ELEM_FLOAT16) || past[i].rank != 4 || past[i].dims[3] != row)
-      return fail(i8 ? "GroupQueryAttentionI8KV: past_key and past_value must be int8 [batch, kv_heads, length, "
-                       "head_size + 2]"
-                     : "GroupQueryAttentionF16KV: past_key and past_value must be float16 [batch, kv_heads, "
-                       "length, head_size]");
+    if (past[i].elem != (i8 ? ELEM_INT8 : i16 ? ELEM_INT16 : ELEM_FLOAT16) || past[i].rank != 4 ||
+        past[i].dims[3] != row)
+      return fail(i8    ? "GroupQueryAttentionI8KV: past_key and past_value must be int8 [batch, kv_heads, length, "
+                          "head_size + 2]"
+                  : i16 ? "GroupQueryAttentionI16KV: past_key and past_value must be int16 [batch, kv_heads, "
+                          "length, head_size + 1]"
+                        : "GroupQueryAttentionF16KV: past_key and past_value must be float16 [batch, kv_heads, "
+                          "length, head_size]");
     if (past[i].dims[2] > present_len) present_len = past[i].dims[2];
   }
   const int64_t out_dims[3] = {query.dims[0], query.dims[1], k->num_heads * D};
@@ -2229,6 +2313,8 @@ static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, 
     if (inputs[3 + i] == NULL) continue;
     if (i8)
       i8_rows_to_floats((const int8_t*)(const void*)past[i].data, past_rows[i], D, past32[i]);
+    else if (i16)
+      i16_rows_to_floats((const int16_t*)(const void*)past[i].data, past_rows[i], D, past32[i]);
     else
       halves_to_floats((const uint16_t*)(const void*)past[i].data, past_rows[i] * D, past32[i]);
     status = API(CreateTensorWithDataAsOrtValue)(cpu, past32[i], (size_t)(past_rows[i] * D) * sizeof(float),
@@ -2249,6 +2335,8 @@ static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, 
     if (status != NULL) break;
     if (i8)
       for (int64_t r = 0; r < kv_rows; ++r) floats_to_i8_row(present32[i] + r * D, D, (int8_t*)bits + r * row);
+    else if (i16)
+      for (int64_t r = 0; r < kv_rows; ++r) floats_to_i16_row(present32[i] + r * D, D, (int16_t*)bits + r * row);
     else
       floats_to_halves(present32[i], kv_count, (uint16_t*)bits);
   }
@@ -2272,8 +2360,12 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   for (size_t i = 0; i < n_inputs; ++i) TRY(API(KernelContext_GetInput)(context, i, &inputs[i]));
 
   Tensor query, past_key, past_value, seqlens;
-  const int cache_elem = k->kind == KV_F16 ? ELEM_FLOAT16 : k->kind == KV_I8 ? ELEM_INT8 : ELEM_FLOAT;
-  const int64_t extra = k->kind == KV_I8 ? I8_ROW(0) : 0; /* an int8 row's scale bytes */
+  const int cache_elem = k->kind == KV_F16   ? ELEM_FLOAT16
+                         : k->kind == KV_I8  ? ELEM_INT8
+                         : k->kind == KV_I16 ? ELEM_INT16
+                                             : ELEM_FLOAT;
+  /* a row's scale after its values: an int8 row's two bytes, an int16 row's one int16 */
+  const int64_t extra = k->kind == KV_I8 ? I8_ROW(0) : k->kind == KV_I16 ? I16_ROW(0) : 0;
   int fast = inputs[0] != NULL && inputs[3] != NULL && inputs[4] != NULL && inputs[5] != NULL &&
              k->softcap == 0.0f && k->smooth_softmax == 0 &&
              k->num_heads > 0;
@@ -2384,6 +2476,15 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
         floats_to_i8_row(vin + g * D, D, (int8_t*)present_v + at8);
         continue;
       }
+      if (k->kind == KV_I16) { /* rotated in float32, then quantized */
+        float kd[MAX_HEAD];
+        memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
+        if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
+        const int64_t at16 = ((b * KVH + g) * cap + pos) * I16_ROW(D);
+        floats_to_i16_row(kd, D, (int16_t*)present_k + at16);
+        floats_to_i16_row(vin + g * D, D, (int16_t*)present_v + at16);
+        continue;
+      }
       if (k->kind == KV_F16) { /* rotated in float32, then rounded */
         float kd[MAX_HEAD];
         memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
@@ -2473,9 +2574,6 @@ static const char* choose_paths(void) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "portable: this CPU lacks AVX2 or FMA";
   if (choice != NULL && strcmp(choice, "avx2") == 0) return "avx2+fma: AVX-512 left out (ONNX_GENAI_KERNELS=avx2)";
   if (!__builtin_cpu_supports("avx512f")) return "avx2+fma";
-  if (choice != NULL && strcmp(choice, "avx512-int16") == 0 && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c"))
-    return "avx2+fma: and AVX-512, VNNI int16 scores for float16 KV (ONNX_GENAI_KERNELS=avx512-int16)";
 #ifdef HAVE_AMX
   if (choice != NULL && strcmp(choice, "avx512") == 0) return "avx2+fma: and AVX-512 (AMX left out: ONNX_GENAI_KERNELS=avx512)";
   if (amx_available()) return "avx2+fma: and AVX-512, AMX-BF16 for int8 and float16 KV";
@@ -2485,6 +2583,23 @@ static const char* choose_paths(void) {
   return "portable: built without the x86-64 AVX2 code";
 #endif
 }
+
+/* Whether an int16 cache's attention runs on VPDPWSSD with these paths: AVX-512 chosen
+   (not left out by ONNX_GENAI_KERNELS) on a CPU with AVX-512 BW, VL and VNNI. */
+static int vnni_rows(const char* paths) {
+#ifdef HAVE_X86_PATHS
+  return strncmp(paths, "avx2+fma: and AVX-512", 21) == 0 && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  (void)paths;
+  return 0;
+#endif
+}
+
+/* For the engine (ctypes): 1 where an int16 cache's attention runs on AVX-512 VNNI here,
+   0 where it runs in plain C (the same numbers, slower: the engine then keeps float16 KV
+   unless int16 is asked for). A build without this function has no int16 cache. */
+ENGINE_EXPORT int EngineKernelsInt16Fast(void) { return vnni_rows(choose_paths()); }
 
 /* For `python -m engine.kernels` (ctypes): the paths this library runs, "avx2+fma" or
    "portable: <why>". A build without this function predates it. */
@@ -2503,7 +2618,7 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
     g_amx = strstr(paths, "AMX-BF16") != NULL;
 #endif
 #ifdef HAVE_X86_PATHS
-    g_i16 = strstr(paths, "VNNI int16") != NULL;
+    g_vnni = vnni_rows(paths);
     g_half = g_isa == 2 ? 2 : g_isa == 1 && __builtin_cpu_supports("f16c") ? 1 : 0;
 #endif
     g_api = base->GetApi(API_VERSION);
@@ -2530,12 +2645,14 @@ ENGINE_EXPORT OrtStatus* ORT_CALL RegisterCustomOps(OrtSessionOptions* options, 
   g_op.KernelComputeV2 = kernel_compute;
   g_op_f16 = g_op; /* the same functions: they tell them apart by the table's address */
   g_op_i8 = g_op;
+  g_op_i16 = g_op;
   if (g_domain == NULL) TRY(API(CreateCustomOpDomain)("engine.kernels", &g_domain));
   static int added = 0;
   if (!added) {
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op));
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op_f16));
     TRY(API(CustomOpDomain_Add)(g_domain, &g_op_i8));
+    TRY(API(CustomOpDomain_Add)(g_domain, &g_op_i16));
     TRY(engine_matmul_register(g_domain));
     added = 1;
   }

@@ -88,7 +88,7 @@ enum {
   SLOT_KernelInfo_GetInputName = 232,
 };
 
-enum { ELEM_FLOAT = 1, ELEM_INT8 = 3, ELEM_INT32 = 6, ELEM_FLOAT16 = 10 };
+enum { ELEM_FLOAT = 1, ELEM_INT8 = 3, ELEM_INT16 = 5, ELEM_INT32 = 6, ELEM_FLOAT16 = 10 };
 enum { OP_ATTR_INT = 1, OP_ATTR_FLOAT = 3 };
 enum { INPUT_REQUIRED = 0, INPUT_OPTIONAL = 1 };
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };

@@ -50,7 +50,7 @@ def check_key(key: str) -> None:
 
 def encode_chunk(chunk: Sequence[np.ndarray], quantize: bool) -> Encoded:
     parts: tuple[QuantizedKV | np.ndarray, ...]
-    if quantize and chunk[0].dtype != np.int8:  # int8 cache rows (with their scales): as they are
+    if quantize and chunk[0].dtype.kind == "f":  # int8 / int16 cache rows: as they are
         parts = tuple(quantize_int8(a) for a in chunk)
     else:
         parts = tuple(np.array(a, dtype=a.dtype.newbyteorder("<"), order="C") for a in chunk)
@@ -97,7 +97,8 @@ def parse_chunk(
         raise CorruptChunk("checksum mismatch")
     try:
         header = json.loads(bytes(body[:header_len]).decode("utf-8"))
-        raw8 = all(dtype == "int8" for dtype, _ in header["arrays"])  # never re-quantized
+        # int8 and int16 cache rows: never re-quantized
+        raw8 = all(dtype in ("int8", "int16") for dtype, _ in header["arrays"])
         found = (header["model_id"], header["key"], header["chunk_tokens"], header["quantized"])
         if found != (model_id, key, chunk_tokens, quantized and not raw8):
             raise CorruptChunk(f"belongs to (model, key, chunk_tokens, quantized)={found}")
@@ -105,7 +106,8 @@ def parse_chunk(
         offset = PREAMBLE.size + header_len
         for dtype, shape in header["arrays"]:
             heads, tokens, head_dim = (int(n) for n in shape)
-            if dtype not in ("float32", "float16", "int8") or tokens != chunk_tokens or min(
+            if dtype not in ("float32", "float16", "int8", "int16") or \
+                    tokens != chunk_tokens or min(
                 heads, head_dim
             ) < 0:
                 raise CorruptChunk(f"unexpected array {dtype}{shape}")

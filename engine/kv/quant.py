@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.model.kv16_pass import I8_SCALE_BYTES
+from engine.model.kv16_pass import I8_SCALE_BYTES, I16_SCALE_ELEMS, i16_row_limit
 
 __all__ = ["QuantizedKV", "dequantize_int8", "float_to_rows",
            "quantization_error", "quantize_int8", "rows_shifted", "rows_to_float", "value_dim"]
@@ -115,14 +115,17 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
     }
 
 
-# --- the live int8 cache's rows (engine.model.kv16_pass, engine/kernels) -------------------
-# A row: head_dim int8 values, then their scale as a bfloat16 (I8_SCALE_BYTES bytes).
+# --- the live int8 and int16 caches' rows (engine.model.kv16_pass, engine/kernels) ---------
+# An int8 row: head_dim int8 values, then their scale as a bfloat16 (I8_SCALE_BYTES bytes).
+# An int16 row: head_dim int16 whole numbers, then their scale as a bfloat16 (one int16).
+
+_ROW_EXTRA = {"int8": I8_SCALE_BYTES, "int16": I16_SCALE_ELEMS}
 
 
 def value_dim(head_dim: int, dtype: str) -> int:
-    """The values a cache row of `head_dim` elements of `dtype` holds (int8: its scale's
-    bytes less)."""
-    return head_dim - I8_SCALE_BYTES if dtype == "int8" else head_dim
+    """The values a cache row of `head_dim` elements of `dtype` holds (int8, int16: less
+    their scale's elements)."""
+    return head_dim - _ROW_EXTRA.get(dtype, 0)
 
 
 def _row_scales(rows: np.ndarray, d: int) -> np.ndarray:
@@ -132,31 +135,47 @@ def _row_scales(rows: np.ndarray, d: int) -> np.ndarray:
 
 
 def rows_to_float(rows: np.ndarray) -> np.ndarray:
-    """int8 cache rows `[..., head_dim + 2]` as float32 `[..., head_dim]`: q * scale, the
-    kernel's one multiply."""
-    d = rows.shape[-1] - I8_SCALE_BYTES
+    """int8 cache rows `[..., head_dim + 2]` or int16 rows `[..., head_dim + 1]` as float32
+    `[..., head_dim]`: q * scale, the kernel's one multiply (exact for int16 rows)."""
+    d = rows.shape[-1] - _ROW_EXTRA[rows.dtype.name]
     return rows[..., :d].astype(np.float32) * _row_scales(rows, d)
 
 
-def float_to_rows(x: np.ndarray) -> np.ndarray:
-    """float rows `[..., head_dim]` as int8 cache rows, quantized as the kernel writes them:
-    scale = largest |x| / 127 per row rounded to the nearest bfloat16, q = x / scale rounded
-    to nearest even, within +-127."""
-    x = x.astype(np.float32, copy=False)
-    exact = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(_QMAX)).astype(np.float32)
+def _bfloat16_bits(exact: np.ndarray, up: bool) -> np.ndarray:
+    """float32 values >= 0 as bfloat16 bits: to nearest (ties to even), or `up`; inf and
+    NaN as they are."""
     wide = exact.view(np.uint32)
     finite = (wide & 0x7F800000) != 0x7F800000
-    bits = ((wide + np.where(finite, 0x7FFF + ((wide >> 16) & 1), 0).astype(np.uint32))
-            >> 16).astype("<u2")
+    step = np.uint32(0xFFFF) if up else 0x7FFF + ((wide >> 16) & 1)
+    return ((wide + np.where(finite, step, 0).astype(np.uint32)) >> 16).astype("<u2")
+
+
+def float_to_rows(x: np.ndarray, element: str = "int8") -> np.ndarray:
+    """float rows `[..., head_dim]` as cache rows of `element`, quantized as the kernel
+    writes them. int8: scale = largest |x| / 127 per row rounded to the nearest bfloat16,
+    q = x / scale rounded to nearest even, within +-127. int16: scale = largest |x| /
+    i16_row_limit(head_dim) rounded up to a bfloat16, q = x / scale to nearest even (within
+    the limit; a row with inf or NaN becomes zeros)."""
+    x = x.astype(np.float32, copy=False)
+    if element not in _ROW_EXTRA:
+        raise ValueError(f"cache rows: expected element 'int8' or 'int16', got {element!r}")
+    limit = np.float32(_QMAX if element == "int8" else i16_row_limit(x.shape[-1]))
+    with np.errstate(invalid="ignore"):
+        # fmax: NaN ignored, as the kernel's comparisons ignore it
+        exact = (np.fmax.reduce(np.abs(x), axis=-1, keepdims=True) / limit).astype(np.float32)
+    bits = _bfloat16_bits(exact, up=element == "int16")
     scales = (bits.astype(np.uint32) << 16).view(np.float32)
-    q = np.divide(x, scales, out=np.zeros_like(x), where=scales > 0)
-    q = np.clip(np.rint(q), -_QMAX, _QMAX).astype(np.int8)
-    return np.concatenate([q, bits.view(np.int8)], axis=-1)
+    with np.errstate(invalid="ignore"):
+        q = np.divide(x, scales, out=np.zeros_like(x), where=scales > 0)
+    q = np.nan_to_num(np.clip(np.rint(q), -limit, limit), nan=0.0)
+    if element == "int8":
+        return np.concatenate([q.astype(np.int8), bits.view(np.int8)], axis=-1)
+    return np.concatenate([q.astype(np.int16), bits.view(np.int16)], axis=-1)
 
 
 def rows_shifted(rows: np.ndarray, shift: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """`shift` (a key rotation on float rows) applied to cache rows of any element type:
-    int8 rows are read as floats, rotated, and quantized again."""
-    if rows.dtype != np.int8:
+    int8 and int16 rows are read as floats, rotated, and quantized again."""
+    if rows.dtype.name not in _ROW_EXTRA:
         return shift(rows)
-    return float_to_rows(shift(rows_to_float(rows)))
+    return float_to_rows(shift(rows_to_float(rows)), rows.dtype.name)

@@ -242,12 +242,12 @@ class KVStore:
             )
         for i, a in enumerate(chunk):
             ok = (isinstance(a, np.ndarray) and a.ndim == 3
-                  and a.dtype.name in ("float32", "float16", "int8")
+                  and a.dtype.name in ("float32", "float16", "int8", "int16")
                   and a.shape[1] == self.chunk_tokens)
             if not ok:
                 got = f"{a.dtype.name}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a)
                 raise ValueError(
-                    f"chunk[{i}]: expected a float32/float16/int8 array [heads, "
+                    f"chunk[{i}]: expected a float32/float16/int8/int16 array [heads, "
                     f"{self.chunk_tokens}, head_dim], got {got}; slice the KV to one chunk"
                 )
 

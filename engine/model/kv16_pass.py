@@ -1,5 +1,5 @@
-"""Float16 (or int8) KV on the CPU: the live cache in 16 (8) bits where the engine's kernel
-runs attention.
+"""Float16 (or int16 or int8) KV on the CPU: the live cache in 16 (8) bits where the
+engine's kernel runs attention.
 
 After `own_attention_moves` (engine.model.graph_passes) has moved GroupQueryAttention nodes
 to the engine's kernel, `half_kv` retypes the graph's past inputs and present outputs from
@@ -16,6 +16,12 @@ rounded to a bfloat16), head_size + 2 bytes, so the tensors' last dimension beco
 head_size + 2: a quarter of float32's bytes and a bit (25.8% at head size 64), half of
 float16's.
 
+`cache_kv(data, "int16", dims)`: `GroupQueryAttentionI16KV`, each row head_size int16 whole
+numbers and their scale (largest |x| / `i16_row_limit(head_size)`, rounded up to a
+bfloat16) in one more int16, head_size + 1 int16 a row (3% more than float16 at head size
+64). The kernel runs the attention on the whole numbers (VPDPWSSD on AVX-512 VNNI), exact
+sums in int32, so every path gives the same bits without a promised order of additions.
+
 All or nothing per model: every GroupQueryAttention node must run the engine's kernel, its
 past and present must be float32 graph inputs and outputs, read by no other node (a `Shape`
 aside) and given to no other attention node; else the graph keeps float32 KV and the reason.
@@ -30,11 +36,39 @@ from engine.model import onnx_proto as proto
 from engine.model.graph_passes import KERNEL_DOMAIN, _node_parts, _parse, _with_graph
 from engine.model.onnx_scan import _Reader, _scan_value_info
 
-#: The engine kernel's GroupQueryAttention over a float16 cache, and over an int8 one.
+#: The engine kernel's GroupQueryAttention over a float16 cache, an int8 one, an int16 one.
 F16_OP = "GroupQueryAttentionF16KV"
 I8_OP = "GroupQueryAttentionI8KV"
+I16_OP = "GroupQueryAttentionI16KV"
 #: An int8 cache row's scale: a bfloat16 after the row's values.
 I8_SCALE_BYTES = 2
+#: An int16 cache row's scale: a bfloat16 (one int16) after the row's whole numbers.
+I16_SCALE_ELEMS = 1
+#: The positions whose weighted values the kernel sums at once (decode_attention.c's TILE).
+_TILE = 64
+
+
+def i16_limit(n: int) -> int:
+    """The largest M with n * M * M < 2^31: n products of whole numbers within +-M sum
+    exactly in int32."""
+    m = int(((2 ** 31 - 1) // n) ** 0.5)
+    while n * (m + 1) ** 2 < 2 ** 31:
+        m += 1
+    while n * m * m >= 2 ** 31:
+        m -= 1
+    return m
+
+
+def i16_row_limit(head_dim: int) -> int:
+    """The largest |q| of an int16 cache row of `head_dim` values (5,792 for heads of 64 or
+    less, 4,095 for 128): a score's head_dim products and the kernel's tile of weighted
+    values both sum exactly."""
+    return i16_limit(max(head_dim, _TILE))
+
+
+def row_extra(element: str) -> int:
+    """The elements a cache row of `element` holds beyond its head_size values (its scale)."""
+    return I8_SCALE_BYTES if element == "int8" else I16_SCALE_ELEMS if element == "int16" else 0
 #: Ops that may read a past input besides attention: they do not look at its values.
 _TYPE_BLIND = frozenset({"Shape"})
 
@@ -47,9 +81,10 @@ def half_kv(data: bytes) -> tuple[bytes | None, str | None]:
 
 def cache_kv(data: bytes, element: str, head_dims: dict[str, int]
              ) -> tuple[bytes | None, str | None]:
-    """`half_kv` for `element` "float16" or "int8"; int8 needs each past and present
-    tensor's head size (`head_dims`, by name) for its rows' new length."""
-    op, elem = (I8_OP, proto.INT8) if element == "int8" else (F16_OP, proto.FLOAT16)
+    """`half_kv` for `element` "float16", "int16" or "int8"; int8 and int16 need each past
+    and present tensor's head size (`head_dims`, by name) for its rows' new length."""
+    op, elem = {"int8": (I8_OP, proto.INT8), "int16": (I16_OP, proto.INT16)}.get(
+        element, (F16_OP, proto.FLOAT16))
     parsed = _parse(data)
     if parsed is None:
         return None, "the graph could not be read"
@@ -93,7 +128,7 @@ def cache_kv(data: bytes, element: str, head_dims: dict[str, int]
             return None, f"a {other} node reads the past KV"
         if presents.intersection(inputs):
             return None, f"a {other} node reads the present KV"
-    if elem == proto.INT8 and any(name not in head_dims for name in caches | presents):
+    if elem != proto.FLOAT16 and any(name not in head_dims for name in caches | presents):
         return None, "a KV tensor's head size is not known"
     out = bytearray()
     r = _Reader(view, g0, g1)
@@ -104,7 +139,7 @@ def cache_kv(data: bytes, element: str, head_dims: dict[str, int]
             out += proto._bytes(1, _renamed_op(view, value, op))
         elif number in (11, 12, 13) and wire == 2 and \
                 (name := _scan_value_info(r.sub(value)).name) in (caches | presents):
-            row = head_dims[name] + I8_SCALE_BYTES if elem == proto.INT8 else None
+            row = head_dims[name] + row_extra(element) if elem != proto.FLOAT16 else None
             out += proto._bytes(number, _cache_info(view, value, elem, row))
         else:
             out += raw

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 #: TensorProto.DataType
-FLOAT, UINT8, INT8, INT32, INT64, FLOAT16, DOUBLE = 1, 2, 3, 6, 7, 10, 11
+FLOAT, UINT8, INT8, INT16, INT32, INT64, FLOAT16, DOUBLE = 1, 2, 3, 5, 6, 7, 10, 11
 _DTYPES = {np.dtype(np.float32): FLOAT, np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8,
+           np.dtype(np.int16): INT16,
            np.dtype(np.int32): INT32, np.dtype(np.int64): INT64,
            np.dtype(np.float16): FLOAT16, np.dtype(np.float64): DOUBLE}
 #: AttributeProto.AttributeType

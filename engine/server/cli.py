@@ -106,8 +106,9 @@ def add_fixed_threads(parser: argparse._ActionsContainer) -> None:
 def add_kv_dtype(parser: argparse._ActionsContainer) -> None:
     """`--kv-dtype`, for `generate` and `serve` (EngineConfig.kv_dtype)."""
     parser.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
-                        help="the live KV cache's element type on the CPU: auto = float16 "
+                        help="the live KV cache's element type on the CPU: auto = 16 bits "
                              "where the engine's kernel runs attention (half the memory per "
-                             "token), else the model's own; int8 a quarter of float32's "
-                             "memory (a scale per token and head); float32 keeps a float32 "
-                             "export's (default auto)")
+                             "token: int16 whole numbers where the CPU has AVX-512 VNNI, "
+                             "float16 elsewhere), else the model's own; int8 a quarter of "
+                             "float32's memory (a scale per token and head); float32 keeps "
+                             "a float32 export's (default auto)")

@@ -30,7 +30,11 @@ SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context
                  vocab=8192)
 #: Bytes of a KV value as the engine keeps it on the CPU (engine.hub.fit.engine_kv).
 KV_VALUE = 2 if kernels.library() is not None and kernels.f16kv_ready() else 4
-PAGE = 32 * 4 * 1024 * KV_VALUE  # the default 32-token page
+#: Where the CPU runs an int16 cache fast the engine keeps it ("auto"): rows of 64 whole
+#: numbers and a scale, 4 x 8 x 65 x 2 bytes x (K, V) = 8,320 bytes a token.
+I16 = kernels.library() is not None and kernels.i16kv_fast()
+KV_TOKEN = 4 * 8 * (64 + 1) * 2 * 2 if I16 else 4 * 1024 * KV_VALUE
+PAGE = 32 * KV_TOKEN  # the default 32-token page
 #: Under a limit too small for the context in float16 the engine keeps int8 KV: rows of 64
 #: values and a 2-byte scale, 4 x 8 x 66 x (K, V) = 4,224 bytes a token.
 INT8 = kernels.library() is not None and kernels.i8kv_ready() and KV_VALUE == 2
@@ -62,7 +66,7 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
 
     # fits: the whole context's KV (32 MiB) and a little more
     fit = _label(hub, _limit(weights, 40 * MIB))
-    assert fit.text == FITS and fit.kv_bytes_per_token == 4 * 1024 * KV_VALUE
+    assert fit.text == FITS and fit.kv_bytes_per_token == KV_TOKEN
     assert fit.context == 2048
     engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 40 * MIB),
                                               intra_op_threads=1))
@@ -71,8 +75,8 @@ def test_each_label_agrees_with_what_the_governor_does_at_load(served):
     assert budget.kv_tokens is not None and budget.kv_tokens >= engine.context_length
 
     # 10 MiB and half a page of KV room: 20 pages of 32 float32 tokens = 640 (40 pages,
-    # 1280 tokens in float16); where the engine can, it keeps int8 KV then, which holds
-    # the whole context
+    # 1280 tokens in float16, 39 in int16); where the engine can, it keeps int8 KV then,
+    # which holds the whole context
     ten = _label(hub, _limit(weights, 10 * MIB + PAGE // 2))
     engine = Engine.load(folder, EngineConfig(host_ram_limit=_limit(weights, 10 * MIB
                                                                      + PAGE // 2),

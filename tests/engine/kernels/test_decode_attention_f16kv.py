@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 
 from engine import kernels
 from engine.model.graph_passes import KERNEL_DOMAIN
-from engine.model.kv16_pass import I8_SCALE_BYTES
+from engine.model.kv16_pass import I8_SCALE_BYTES, I16_SCALE_ELEMS
 
 pytestmark = pytest.mark.skipif(kernels.library() is None,
                                 reason="the engine's kernels were not built (no C compiler)")
@@ -49,7 +49,8 @@ CASES = {
 
 #: The cache's element: (operator, ONNX element type, extra bytes a row, numpy dtype).
 ELEMENTS = {"float16": (OP, TensorProto.FLOAT16, 0, np.float16),
-            "int8": ("GroupQueryAttentionI8KV", TensorProto.INT8, I8_SCALE_BYTES, np.int8)}
+            "int8": ("GroupQueryAttentionI8KV", TensorProto.INT8, I8_SCALE_BYTES, np.int8),
+            "int16": ("GroupQueryAttentionI16KV", TensorProto.INT16, I16_SCALE_ELEMS, np.int16)}
 
 
 def _model(case: dict, element: str = "float16") -> bytes:
@@ -197,67 +198,16 @@ def _reference(case: dict, feeds: dict[str, np.ndarray], *, round_new: bool = Tr
             cache[r][:, positions[r]] = fresh[r].transpose(1, 0, 2).astype(np.float16)
             chosen = cache[r][:, positions[r]] if round_new else fresh[r].transpose(1, 0, 2)
             full[r][:, positions[r]] = chosen.astype(np.float64)
-    whole = round_new and _whole(case)
-    return _attention(case, feeds, exact, positions, whole), caches[0], caches[1]
-
-
-#: Whether this process's kernel computes a float16 cache's scores and weighted sums in whole
-#: numbers (ONNX_GENAI_KERNELS=avx512-int16 on AVX-512 VNNI, heads a multiple of 32): see
-#: _whole_attention.
-WHOLE = "VNNI int16" in (kernels.status().reason or "")
-#: Positions a tile of the weighted sums holds (decode_attention.c's TILE), and the whole
-#: numbers' limit for a sum of that many products (its i16_limit).
-TILE = 64
-
-
-def _whole(case: dict) -> bool:
-    """Whether the kernel runs this case's attention in whole numbers."""
-    return WHOLE and case["head"] % 32 == 0
-
-
-def _limit(n: int) -> int:
-    """The largest M with n * M * M < 2^31."""
-    m = int(((2 ** 31 - 1) // n) ** 0.5)
-    while n * (m + 1) ** 2 < 2 ** 31:
-        m += 1
-    return m
-
-
-def _whole_numbers(rows: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """float32 rows as the kernel's whole numbers: each row times limit / its largest |x|
-    (float32 arithmetic), rounded to nearest even; and each row's scale, largest / limit."""
-    top = np.abs(rows).max(axis=-1, keepdims=True)
-    inv = np.where(top > 0, np.float32(limit) / np.where(top > 0, top, 1), 0).astype(np.float32)
-    return np.rint(rows * inv).astype(np.int64), (top / np.float32(limit)).astype(np.float32)
-
-
-def _whole_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """One query vector's attention as the kernel computes it in whole numbers: q (float32,
-    rotated and scaled) and each key row (float16) as whole numbers of at most
-    _limit(head), each score ((float32)(exact sum) * q's scale) * the key's scale; then,
-    tile by tile of TILE positions, the weights times each value row's scale as whole
-    numbers against the tile's largest, and the tile's exact sum times the weights' scale."""
-    qi, qs = _whole_numbers(q[None].astype(np.float32), _limit(q.shape[-1]))
-    ki, ks = _whole_numbers(keys.astype(np.float32), _limit(q.shape[-1]))
-    scores = ((ki @ qi[0]).astype(np.float32) * qs[0, 0] * ks[:, 0]).astype(np.float64)
-    weights = np.exp(scores - scores.max())
-    vi, vs = _whole_numbers(values.astype(np.float32), _limit(TILE))
-    out = np.zeros(q.shape[-1])
-    for t in range(0, len(weights), TILE):
-        w = (weights[t:t + TILE].astype(np.float32) * vs[t:t + TILE, 0])[None]
-        wi, ws = _whole_numbers(w, _limit(TILE))
-        out += (wi[0] @ vi[t:t + TILE]).astype(np.float32).astype(np.float64) * float(ws[0, 0])
-    return out / weights.sum()
+    return _attention(case, feeds, exact, positions), caches[0], caches[1]
 
 
 def _attention(case: dict, feeds: dict[str, np.ndarray], exact: list[np.ndarray],
-               positions: list, whole: bool = False) -> np.ndarray:
-    """The output, in float64, of attention over the caches' values `exact` (float64), or,
-    `whole`, as the kernel's whole numbers compute it (_whole_attention)."""
+               positions: list) -> np.ndarray:
+    """The output, in float64, of attention over the caches' values `exact` (float64)."""
     heads, kv_heads, head = case["heads"], case["kv_heads"], case["head"]
     rows, new = feeds["query"].shape[:2]
     query = feeds["query"][..., :heads * head].reshape(rows, new, heads, head)
-    query = query.astype(np.float32 if whole else np.float64)
+    query = query.astype(np.float64)
     scale = case["scale"] or head ** -0.5
     out = np.zeros((rows, new, heads, head))
     group = heads // kv_heads
@@ -270,9 +220,6 @@ def _attention(case: dict, feeds: dict[str, np.ndarray], exact: list[np.ndarray]
         for i, pos in enumerate(positions[r]):
             for h in range(heads):
                 keys, values = exact[0][r, h // group, :pos + 1], exact[1][r, h // group, :pos + 1]
-                if whole:
-                    out[r, i, h] = _whole_attention(q[i, h] * np.float32(scale), keys, values)
-                    continue
                 scores = keys @ q[i, h] * scale
                 weights = np.exp(scores - scores.max())
                 out[r, i, h] = weights @ values / weights.sum()
@@ -283,11 +230,7 @@ def _check(case: dict, lengths: list[int], new: int, seed: int = 0) -> None:
     feeds = _feeds(np.random.default_rng(seed + len(lengths) + new), case, lengths, new)
     got = _run(_session(case), feeds)
     want = _reference(case, feeds)
-    # whole numbers (measured: within 3e-5 of their model, 1e-3 from float arithmetic's
-    # answer): a product's whole number can land one step off where the reference's
-    # float32 steps (rotation, exponentials) round otherwise than the kernel's
-    atol = 1e-4 if _whole(case) else 2e-5
-    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=atol)
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=2e-5)
     for mine, theirs in zip(got[1:], want[1:], strict=True):  # every position, bit for bit
         np.testing.assert_array_equal(mine.view(np.uint16), theirs.view(np.uint16))
 
@@ -411,13 +354,12 @@ def test_every_float16_is_read_exactly():
         np.testing.assert_array_equal(got[0, :, :512].view(np.uint16), want)
 
 
-@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512", "avx512-int16"])
+@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512"])
 def test_the_other_paths_hold_too(tmp_path, paths):
     """Where the CPU lacks AVX-512 the cache is read with F16C and the dot products run in
-    AVX2, where it lacks AVX2 in plain C; asked for (avx512-int16, AVX-512 VNNI), the
-    scores and weighted sums run in whole numbers: the reference and invariance cases
-    again, in a process told to take those paths (the choice is made once per process)."""
-    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512", "avx512-int16"):
+    AVX2, where it lacks AVX2 in plain C: the reference and invariance cases again, in a
+    process told to take those paths (the choice is made once per process)."""
+    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512"):
         pytest.skip("this process is one of those runs")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",

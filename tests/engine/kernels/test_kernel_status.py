@@ -66,19 +66,18 @@ def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
 
 
 @built
-def test_a_float16_cache_takes_whole_numbers_only_when_asked(monkeypatch):
-    """ONNX_GENAI_KERNELS=avx512-int16 runs a float16 cache's scores and weighted sums in
-    int16 whole numbers where the CPU has AVX-512 VNNI (faster prefill, slower decode: off
-    by default), and the status says so; without it they stay float32."""
+def test_an_int16_cache_runs_on_vnni_where_the_cpu_has_it(monkeypatch):
+    """An int16 cache's attention runs on AVX-512 VNNI where the CPU has it (then the
+    engine keeps int16 KV by default), never with AVX-512 left out; plain C elsewhere."""
     flags = _cpu_flags()
-    assert "VNNI int16" not in (kernels.status().reason or "")
-    monkeypatch.setenv(kernels.ENV, "avx512-int16")
-    asked = kernels.status()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"} <= flags:
-        assert asked.reason == ("and AVX-512, VNNI int16 scores for float16 KV "
-                                "(ONNX_GENAI_KERNELS=avx512-int16)")
-    else:
-        assert "VNNI int16" not in (asked.reason or "")
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
+    if os.environ.get(kernels.ENV) not in ("portable", "avx2"):
+        assert kernels.i16kv_fast() == vnni
+    for left_out in ("portable", "avx2"):
+        monkeypatch.setenv(kernels.ENV, left_out)
+        assert not kernels.i16kv_fast()
+    monkeypatch.setenv(kernels.ENV, "avx512")
+    assert kernels.i16kv_fast() == vnni
 
 
 def test_not_built_says_why_and_how_to_fix_with_and_without_a_compiler(monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """Float16 KV on the CPU (engine.model.kv16_pass): where the engine's kernel runs attention,
 the live cache, sessions, the prefix cache and the tiered store hold 16-bit keys and values,
 half the bytes of float32, and an answer is still the same whatever its path. Int8 KV
-(`kv_dtype="int8"`, a scale per token and KV head) goes through the same paths."""
+(`kv_dtype="int8"`, a scale per token and KV head) and int16 KV (whole numbers and a scale,
+test_kv_int16.py) go through the same paths."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def test_a_shape_of_the_past_does_not_stop_the_pass():
 
 def test_the_kv_dtype_option_is_checked():
     with pytest.raises(InvalidOptionError, match="kv_dtype: expected one of auto, float16, "
-                                                 "float32, int8, got 'bf16'"):
+                                                 "float32, int8, int16, got 'bf16'"):
         EngineConfig(kv_dtype="bf16")
 
 
@@ -169,7 +170,7 @@ def test_float16_kv_answers_close_to_float32_kv(genai_model_dir):
         full.generate(_greedy(prompt, 24)).token_ids
 
 
-ELEMENTS = pytest.mark.parametrize("element", ["float16", "int8"])
+ELEMENTS = pytest.mark.parametrize("element", ["float16", "int8", "int16"])
 
 
 @built

@@ -119,12 +119,17 @@ def test_prompt_lookup_speculation_gives_plain_greedys_tokens():
         engine.close()
 
 
-def test_these_answers_are_float16_kvs():
-    """The built-in model keeps its KV in float16 (engine.model.kv16_pass): half of float32's
-    46,080 bytes a token, and the paths above are float16's."""
+def test_these_answers_are_16_bit_kvs():
+    """The built-in model keeps its KV in 16 bits (engine.model.kv16_pass): int16 rows and
+    their scales where the CPU runs them on AVX-512 VNNI (23,400 bytes a token), else float16
+    (half of float32's 46,080), and the paths above are that cache's."""
     engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
     try:
-        assert {p.dtype for p in engine.spec.kv_pairs} == {"float16"}
-        assert engine.spec.kv_bytes_per_token == 23040
+        if kernels.i16kv_fast():
+            assert {p.dtype for p in engine.spec.kv_pairs} == {"int16"}
+            assert engine.spec.kv_bytes_per_token == 23400
+        else:
+            assert {p.dtype for p in engine.spec.kv_pairs} == {"float16"}
+            assert engine.spec.kv_bytes_per_token == 23040
     finally:
         engine.close()

@@ -144,3 +144,36 @@ def test_cache_rows_scales_are_the_nearest_bfloat16_and_values_within_half_a_ste
     assert np.all(np.abs(scales - top) <= top * 2**-8)
     assert np.all(np.abs(rows[..., :64]) <= 127) and np.all(np.abs(rows[..., :64]).max(-1) >= 126)
     assert np.all(np.abs(rows_to_float(rows) - x) <= scales / 2 * (1 + 2**-7))
+
+
+def test_int16_cache_rows_round_their_scale_up_and_keep_every_value_within_half_a_step() -> None:
+    """The live int16 cache's rows (float_to_rows(x, "int16"), as the kernel writes them):
+    head_dim whole numbers and a bfloat16 scale at or above largest |x| / limit (within
+    2^-7 of it), so no whole number passes the limit and each value reads back within half
+    a step; reading back is exact (a 13-bit whole number times an 8-bit significand); a
+    shifted row is read, moved and written again in the same format."""
+    from engine.kv.quant import float_to_rows, rows_shifted, rows_to_float
+    from engine.model.kv16_pass import i16_row_limit
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 40, 64)).astype(np.float32)
+    x *= np.float32(10.0) ** rng.integers(-30, 30, size=(6, 40, 1)).astype(np.float32)
+    x[0, 0] = 0.0
+    rows = float_to_rows(x, "int16")
+    limit = i16_row_limit(64)
+    assert limit == 5792 and i16_row_limit(128) == 4095
+    assert rows.dtype == np.int16 and rows.shape == (6, 40, 65)
+    scales = rows_to_float(np.concatenate([np.ones_like(rows[..., :1]), rows[..., 64:]], -1))
+    top = np.abs(x).max(axis=-1, keepdims=True) / np.float32(limit)
+    assert np.all(scales >= top) and np.all(scales <= top * (1 + 2**-7))
+    whole = np.abs(rows[..., :64].astype(np.int64))
+    assert whole.max() <= limit and np.all(whole[1:].max(-1) >= limit * (1 - 2**-7))
+    back = rows_to_float(rows)
+    assert np.array_equal(back.astype(np.float64),
+                          rows[..., :64].astype(np.float64) * scales.astype(np.float64))
+    assert np.all(np.abs(back - x) <= scales / 2) and not back[0, 0].any()
+    moved = rows_shifted(rows, lambda f: -f)
+    again = rows_to_float(np.concatenate([np.ones_like(moved[..., :1]), moved[..., 64:]], -1))
+    assert moved.dtype == np.int16 and np.all(np.abs(rows_to_float(moved) + back) <= again / 2)
+    with pytest.raises(ValueError, match="expected element 'int8' or 'int16'"):
+        float_to_rows(x, "int4")

@@ -204,8 +204,8 @@ def test_non_finite_kv_is_not_stored_and_does_not_raise(tmp_path: Path) -> None:
     [
         ([], "non-empty list"),
         ([np.zeros((2, CT + 1, 8), np.float32)], r"\[heads, 4, head_dim\]"),
-        ([np.zeros((2, CT, 8), np.int16)], "float32/float16/int8"),
-        ([np.zeros((CT, 8), np.float32)], "float32/float16/int8 array"),
+        ([np.zeros((2, CT, 8), np.int32)], "float32/float16/int8/int16"),
+        ([np.zeros((CT, 8), np.float32)], "float32/float16/int8/int16 array"),
     ],
 )
 def test_malformed_chunks_are_refused(
@@ -545,17 +545,19 @@ def test_closed_store_serves_nothing_and_keeps_its_files(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("quantize", [True, False])
-def test_int8_cache_rows_are_kept_byte_for_byte_in_ram_and_on_disk(tmp_path: Path,
-                                                                   quantize: bool) -> None:
-    """An int8 live cache's rows (values and their scales) are stored as they are, never
-    quantized again, and come back the same from a fresh store reading the disk."""
+@pytest.mark.parametrize("element", [np.int8, np.int16])
+def test_int8_and_int16_cache_rows_are_kept_byte_for_byte_in_ram_and_on_disk(
+        tmp_path: Path, quantize: bool, element: type) -> None:
+    """An int8 or int16 live cache's rows (values and their scales) are stored as they are,
+    never quantized again, and come back the same from a fresh store reading the disk."""
     rng = np.random.default_rng(5)
-    chunk = [rng.integers(-127, 128, (2, CT, 12), dtype=np.int8) for _ in range(2)]
+    top = np.iinfo(element).max
+    chunk = [rng.integers(-top, top + 1, (2, CT, 12), dtype=element) for _ in range(2)]
     store = make_store(tmp_path, quantize=quantize)
     store.put(key(0), chunk)
     for got in (store.get(key(0)), make_store(tmp_path, quantize=quantize, ram_bytes=0)
                 .get(key(0))):
         assert got is not None
         for a, b in zip(got, chunk, strict=True):
-            assert a.dtype == np.int8
+            assert a.dtype == element
             np.testing.assert_array_equal(a, b)

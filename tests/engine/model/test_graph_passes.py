@@ -61,7 +61,9 @@ def test_the_engine_returns_each_positions_logits_as_the_unchanged_graph_does(fi
 @pytest.mark.parametrize("fixture", FORGED)
 def test_the_rewritten_graph_computes_only_the_rows_asked_for(fixture, request):
     model_dir: Path = request.getfixturevalue(fixture)
-    engine = Engine.load(model_dir, EngineConfig(intra_op_threads=1, prune_logits=False))
+    # float32 KV: the spec feeds the file's own graph (no kernel, no 16-bit cache)
+    engine = Engine.load(model_dir, EngineConfig(intra_op_threads=1, prune_logits=False,
+                                                 kv_dtype="float32"))
     model_file = engine.model.model_file
     assert engine.spec.logits_to_keep is None
     rewritten = keep_last_logits(model_file.read_bytes(), engine.spec.logits)
