@@ -49,7 +49,7 @@ class WorkerOptions:
     threads: int = 0
     #: False: the worker's threads never spin (`--spin-us 0`), for an always-busy machine
     threads_stay_awake: bool = True
-    #: the KV's element type (`--kv-dtype`): auto, float16 or int8
+    #: the KV's element type (`--kv-dtype`): auto, float16, int16 or int8
     kv_dtype: str = "auto"
     host_ram_limit: str = "auto"
     vram_limit: str = "auto"

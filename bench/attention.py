@@ -14,8 +14,8 @@ run on the tile unit;
 ``ours-i16-portable``: GroupQueryAttentionI16KV over an int16 cache (rows of whole numbers
 and a scale; VPDPWSSD where the CPU has AVX-512 VNNI, else plain C);
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
-float16 cache; ``base`` and ``base-f16``: the fp32 and float16-KV operators of the
-library at ``--base-library``, another build to compare with), at
+float16 cache; ``base``, ``base-f16`` and ``base-i16``: the fp32, float16-KV and int16-KV
+operators of the library at ``--base-library``, another build to compare with), at
 several cache lengths (the length after the run: ``--new`` 512 at 2,012 is a chunk of
 512 tokens after 1,500). Every arm
 and length runs in a fresh process, order rotated each round; the best of the rounds
@@ -48,7 +48,8 @@ from engine.model.kv16_pass import I8_SCALE_BYTES, I16_SCALE_ELEMS  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 ARMS = ("ort", "ours", "ours-f16", "ours-avx2", "ours-portable")
-MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "ours-i8", "ours-i8-avx2",
+MORE_ARMS = ("ours-f16-avx2", "ours-f16-portable", "base", "base-f16", "base-i16", "ours-i8",
+             "ours-i8-avx2",
              "ours-avx512", "ours-f16-avx512", "ours-i8-avx512", "ours-i16", "ours-i16-avx2",
              "ours-i16-portable")
 LAYERS, HEADS, KV_HEADS, HEAD = 30, 9, 3, 64
@@ -102,7 +103,7 @@ def worker(arm: str, length: int, threads: int, steps: int, new: int) -> dict[st
 
     f16 = arm.startswith("ours-f16") or arm == "base-f16"
     i8 = arm.startswith("ours-i8")
-    i16 = arm.startswith("ours-i16")
+    i16 = arm.startswith("ours-i16") or arm == "base-i16"
     library = kernels.library()
     if arm != "ort" and library is None:
         raise SystemExit("engine/kernels is not built (pip install -e . with a C compiler)")
@@ -164,7 +165,8 @@ def main() -> int:
     p.add_argument("--arms", default=",".join(ARMS),
                    help=f"which arms, of {', '.join(ARMS + MORE_ARMS)}")
     p.add_argument("--base-library", default="",
-                   help="the library whose operators the arms 'base' and 'base-f16' run")
+                   help="the library whose operators the arms 'base', 'base-f16' and "
+                        "'base-i16' run")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -181,7 +183,8 @@ def main() -> int:
     wants_base = any(a.startswith("base") for a in arms)
     if unknown or (wants_base and not Path(args.base_library).is_file()):
         p.error(f"unknown arms {unknown} (known: {', '.join(ARMS + MORE_ARMS)})" if unknown
-                else "the arms 'base' and 'base-f16' need --base-library PATH, a built library")
+                else "the arms 'base', 'base-f16' and 'base-i16' need --base-library PATH, a "
+                     "built library")
     jobs = [(a, n) for n in lens for a in arms]
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):

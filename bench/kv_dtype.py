@@ -125,6 +125,18 @@ def compare(ref: tuple[list[int], list[float]], got: tuple[list[int], list[float
     return {"first_diff": first, "logprob_drift": drift}
 
 
+def _kept(folder: str, dtype: str) -> Any:
+    """The model at `folder` with `dtype` KV, or None where the engine cannot keep it."""
+    from engine import Engine, EngineConfig
+    from engine.errors import InvalidOptionError
+
+    try:
+        return Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype=dtype))
+    except InvalidOptionError as exc:
+        print(f"{folder}: no {dtype} arm: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine import Engine, EngineConfig, GenerateRequest, kernels
 
@@ -136,14 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.model:
         name, _, folder = spec.partition("=")
         full = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="float32"))
-        half = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="float16")) \
-            if kernels.f16kv_ready() else None
-        if half is not None and half.spec.kv_pairs[0].dtype != "float16":
-            half = None
-        small = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="int8")) \
-            if half is not None and kernels.i8kv_ready() else None
-        whole = Engine.load(folder, EngineConfig(intra_op_threads=2, kv_dtype="int16")) \
-            if half is not None and kernels.i16kv_ready() else None
+
+        half = _kept(folder, "float16") if kernels.f16kv_ready() else None
+        small = _kept(folder, "int8") if half is not None and kernels.i8kv_ready() else None
+        whole = _kept(folder, "int16") if half is not None and kernels.i16kv_ready() else None
         rows = []
         for prompt in _prompts():
             ids = full.encode_request(GenerateRequest(prompt=prompt))

@@ -37,10 +37,11 @@ class ModelShape:
     head_dim: int
     context: int
     #: 4: float32 KV (CPU exports, GGUF imports); 2: float16. As exported: the engine
-    #: keeps float32 KV in float16 on the CPU where its kernel applies (hub.fit.engine_kv).
+    #: keeps float32 KV in 16 bits on the CPU where its kernel applies (hub.fit.engine_kv).
     kv_dtype_bytes: int
     architecture: str = ""
-    #: Bytes a KV row holds besides its values: 4 for the engine's int8 rows (a scale).
+    #: Bytes a KV row holds besides its values (a scale): 2 for the engine's int8 rows and
+    #: for its int16 rows.
     kv_row_extra: int = 0
 
     @property

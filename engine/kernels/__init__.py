@@ -133,9 +133,8 @@ def i16kv_ready() -> bool:
 
 
 def i16kv_fast() -> bool:
-    """Whether the int16-KV attention runs on AVX-512 VNNI here (ENV leaving AVX-512 in):
-    then the engine keeps int16 KV by default; elsewhere plain C runs it (the same numbers,
-    slower), so float16 stays the default."""
+    """Whether the int16-KV attention runs on AVX-512 VNNI here (ENV leaving AVX-512 in);
+    elsewhere plain C runs it (the same numbers, slower)."""
     path = library()
     if path is None or not i16kv_ready():
         return False
@@ -146,6 +145,13 @@ def i16kv_fast() -> bool:
     fast.restype = ctypes.c_int
     fast.argtypes = []
     return bool(fast())
+
+
+def i16kv_preferred() -> bool:
+    """Whether kv_dtype "auto" keeps int16 KV (heads allowing): where its attention runs on
+    AVX-512 VNNI and no AMX tiles run the float16 cache's scores (measured there, the int16
+    cache is not), else float16."""
+    return i16kv_fast() and "AMX-BF16" not in (status().reason or "")
 
 
 def c_compiler() -> str | None:

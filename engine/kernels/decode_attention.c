@@ -564,7 +564,7 @@ __attribute__((target("avx512f"))) static float largest_avx512(const float* x, i
 /* ---- an int16 cache (GroupQueryAttentionI16KV) -----------------------------------------
 
    A cache row (one token, one KV head): head_size whole numbers q, then the row's scale
-   as a bfloat16, head_size + 1 int16 (3% more than float16's). Value d is q[d] * scale,
+   as a bfloat16, head_size + 1 int16 (1.6% more than float16's at 64). Value d is q[d] * scale,
    exact in float32 (a whole number of 13 bits times an 8-bit significand). The attention
    runs on the whole numbers as the float16 cache's int16 path does (the section "in int16
    whole numbers"), with the rows' conversion done once, when a row is written, instead of
@@ -599,7 +599,9 @@ static inline float i16_row_scale(const int16_t* row, int64_t D) {
    bfloat16, q = x / scale rounded to nearest (ties to even). Rounding up leaves no value
    past M (the int8 rows round to nearest and clip instead: with 127 steps that was the
    better trade; with M steps the clipped largest value would be off by up to 11 of them).
-   An all-zero row keeps scale 0; a row with inf or NaN becomes zeros. HOT: the roundings
+   An all-zero row keeps scale 0; NaN values become 0; a row holding inf gets an infinite
+   scale and reads back as NaN (as attention over a float16 cache holding inf gives NaN:
+   a broken model shows, it is not hidden). HOT: the roundings
    in vector instructions where the CPU has them (exact, so the same whole numbers). */
 HOT static void floats_to_i16_row(const float* x, int64_t D, int16_t* row) {
   const float M = (float)i16_row_limit(D);
@@ -627,13 +629,21 @@ HOT static void i16_rows_to_floats(const int16_t* src, int64_t rows, int64_t D, 
   }
 }
 
+/* M / largest, the factor that makes a vector's largest |x| M: 0 for a vector of zeros,
+   and 0 too where it would overflow (a largest |x| below about 1e-35, a tile of weights
+   ~80 below its chunk's top score: they weigh nothing then, on every path alike). */
+static inline float i16_factor(float M, float largest) {
+  const float inv = largest > 0.0f ? M / largest : 0.0f;
+  return inv <= 3.4e38f ? inv : 0.0f;
+}
+
 /* A query vector as whole numbers for an int16 cache: out[d] = q[d] * M / its largest |x|
    rounded to nearest even (M = i16_limit(D)); returns its scale, largest / M. Every path
    quantizes its queries here (HOT: as floats_to_i16_row). */
 HOT static float i16_query_rows(const float* q, int64_t D, float M, int16_t* out) {
   float m = 0.0f;
   for (int64_t d = 0; d < D; ++d) m = fabsf(q[d]) > m ? fabsf(q[d]) : m;
-  const float inv = m > 0.0f ? M / m : 0.0f;
+  const float inv = i16_factor(M, m);
   for (int64_t d = 0; d < D; ++d) out[d] = (int16_t)nearbyintf(q[d] * inv);
   return m / M;
 }
@@ -662,7 +672,7 @@ static ALWAYS_INLINE void i16_row_weigh(const float* p, const int16_t* V, int64_
     w[t] = p[t] * i16_row_scale(V + t * I16_ROW(D), D);
     most = fabsf(w[t]) > most ? fabsf(w[t]) : most;
   }
-  const float inv = most > 0.0f ? Mt / most : 0.0f;
+  const float inv = i16_factor(Mt, most);
   int32_t sum[MAX_HEAD];
   for (int64_t d = 0; d < D; ++d) sum[d] = 0;
   for (int64_t t = 0; t < m; ++t) {
@@ -954,7 +964,7 @@ I16_TARGET static float i16_weights(const float* p, const float* sv, int64_t m, 
     top = _mm512_max_ps(_mm512_abs_ps(w[c]), top);
   }
   const float most = _mm512_reduce_max_ps(top);
-  const __m512 inv = _mm512_set1_ps(most > 0.0f ? M / most : 0.0f);
+  const __m512 inv = _mm512_set1_ps(i16_factor(M, most));
   for (int64_t c = 0; c < len / 16; ++c)
     _mm256_storeu_si256((__m256i*)(wq + 8 * c), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w[c], inv))));
   return most / M;
@@ -2386,6 +2396,8 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
   }
   OrtValue* outputs[N_OUTPUTS] = {0};
   if (fast) fast = k->num_heads / k->kv_num_heads <= MAX_VECTORS;
+  /* an int16 cache's query limit (i16_limit) fits int16 from a head of 2 */
+  if (fast && k->kind == KV_I16) fast = past_key.dims[3] - extra >= 2;
   if (!fast) return k->kind ? run_fallback_cast(k, context, inputs) : run_fallback(k, context, inputs);
   const int64_t B = query.dims[0], S = query.dims[1], H = k->num_heads, KVH = k->kv_num_heads;
   const int64_t D = past_key.dims[3] - extra, R = B * S;

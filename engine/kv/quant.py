@@ -155,14 +155,16 @@ def float_to_rows(x: np.ndarray, element: str = "int8") -> np.ndarray:
     writes them. int8: scale = largest |x| / 127 per row rounded to the nearest bfloat16,
     q = x / scale rounded to nearest even, within +-127. int16: scale = largest |x| /
     i16_row_limit(head_dim) rounded up to a bfloat16, q = x / scale to nearest even (within
-    the limit; a row with inf or NaN becomes zeros)."""
+    the limit; NaN values become 0, a row holding inf gets an infinite scale and reads back
+    as NaN)."""
     x = x.astype(np.float32, copy=False)
     if element not in _ROW_EXTRA:
         raise ValueError(f"cache rows: expected element 'int8' or 'int16', got {element!r}")
     limit = np.float32(_QMAX if element == "int8" else i16_row_limit(x.shape[-1]))
     with np.errstate(invalid="ignore"):
-        # fmax: NaN ignored, as the kernel's comparisons ignore it
-        exact = (np.fmax.reduce(np.abs(x), axis=-1, keepdims=True) / limit).astype(np.float32)
+        # fmax from 0: NaN ignored, as the kernel's comparisons ignore it
+        top = np.fmax.reduce(np.abs(x), axis=-1, keepdims=True, initial=0.0)
+        exact = (top / limit).astype(np.float32)
     bits = _bfloat16_bits(exact, up=element == "int16")
     scales = (bits.astype(np.uint32) << 16).view(np.float32)
     with np.errstate(invalid="ignore"):

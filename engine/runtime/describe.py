@@ -7,6 +7,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.model.io_spec import resolve_io
+from engine.model.kv16_pass import row_extra
 from engine.model.model_dir import load_model_dir
 from engine.runtime.cuda_graph import structural_declines
 from engine.runtime.providers import pruned_graph
@@ -22,13 +23,13 @@ def inspect_model(path: str | Path) -> dict[str, Any]:
     fim = detect_fim_family(tokenizer)
     declines = structural_declines(model.model_file, spec.decode_path)
     # what a load on the CPU would run for attention: the engine's kernel, or why not; and
-    # the KV it would keep (float16 where the kernel runs it, engine.model.kv16_pass)
+    # the KV it would keep (16-bit where the kernel runs it, engine.model.kv16_pass)
     _, spec, kernel_use = pruned_graph(model.model_file, spec, EngineConfig(prune_logits=False),
                                     "cpu", model.graph.op_counts.get("GroupQueryAttention", 0),
                                     model.graph.op_counts.get("MatMulNBits", 0))
     eos = tuple(dict.fromkeys(model.eos_token_ids + tokenizer.eos_token_ids))
     heads = sorted({p.num_heads for p in spec.kv_pairs})
-    dims = sorted({p.head_dim for p in spec.kv_pairs})
+    dims = sorted({p.head_dim - row_extra(p.dtype) for p in spec.kv_pairs})  # less a scale
     return {
         "path": str(model.path),
         "format": model.format,

@@ -59,8 +59,8 @@ def kv_figures(engine: Engine, registry: SessionRegistry) -> dict[str, Any]:
         "held_bytes": engine.kv_bytes(),
         "page_tokens": pool.page_size,
         "page_bytes": pool.geometry.page_bytes(pool.page_size),
-        # the live KV's element type and bytes a token (float16 where the engine's kernel
-        # runs attention on the CPU: engine.model.kv16_pass)
+        # the live KV's element type and bytes a token (16-bit where the engine's kernel
+        # runs attention on the CPU, int16 or float16: engine.model.kv16_pass)
         "dtype": engine.spec.kv_pairs[0].dtype if engine.spec.kv_pairs else None,
         "bytes_per_token": engine.spec.kv_bytes_per_token,
         # a declared sliding window (engine.kv.window): a sequence's KV stops at its rows

@@ -32,7 +32,7 @@ SPEC = ForgeSpec(layers=4, hidden=128, heads=8, kv_heads=8, head_dim=64, context
 KV_VALUE = 2 if kernels.library() is not None and kernels.f16kv_ready() else 4
 #: Where the CPU runs an int16 cache fast the engine keeps it ("auto"): rows of 64 whole
 #: numbers and a scale, 4 x 8 x 65 x 2 bytes x (K, V) = 8,320 bytes a token.
-I16 = kernels.library() is not None and kernels.i16kv_fast()
+I16 = kernels.library() is not None and kernels.i16kv_preferred()
 KV_TOKEN = 4 * 8 * (64 + 1) * 2 * 2 if I16 else 4 * 1024 * KV_VALUE
 PAGE = 32 * KV_TOKEN  # the default 32-token page
 #: Under a limit too small for the context in float16 the engine keeps int8 KV: rows of 64

@@ -14,7 +14,7 @@ MIB = 1 << 20
 F16 = kernels.library() is not None and kernels.f16kv_ready()
 SHAPE = ModelShape(layers=30, kv_heads=3, head_dim=64, context=8192, kv_dtype_bytes=4)
 #: An int16 row's scale: one more int16 a row (2 x 30 layers x 3 KV heads x 2 bytes).
-SCALES = 360 if F16 and kernels.i16kv_fast() else 0
+SCALES = 360 if F16 and kernels.i16kv_preferred() else 0
 
 
 @pytest.mark.skipif(not F16, reason="the engine's kernels lack the float16-KV attention")

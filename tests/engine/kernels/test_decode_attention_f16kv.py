@@ -76,7 +76,7 @@ def _model(case: dict, element: str = "float16") -> bytes:
     node = helper.make_node(
         op, names, ["output", "present_key", "present_value"], domain=KERNEL_DOMAIN,
         num_heads=heads, kv_num_heads=kv_heads, scale=case["scale"], do_rotary=int(rotary),
-        rotary_interleaved=int(case["interleaved"]))
+        rotary_interleaved=int(case["interleaved"]), local_window_size=case.get("window", -1))
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["b", "s", heads * head])]
     outputs += [helper.make_tensor_value_info(n, elem, ["b", kv_heads, "t", head + extra])
                 for n in ("present_key", "present_value")]

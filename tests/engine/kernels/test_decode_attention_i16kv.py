@@ -44,6 +44,19 @@ pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i16kv_r
 
 #: Positions whose weighted values the kernel sums at once (decode_attention.c's TILE).
 TILE = 64
+#: The float16 cases and more head sizes for the whole numbers: 32 and 96 (the VNNI path's
+#: one-vector-at-a-time weighted sums), and a sliding window over heads of 64.
+I16_CASES = {
+    **CASES,
+    "8 over 4, 32, packed, rotary": dict(heads=8, kv_heads=4, head=32, packed=True, rotary=True,
+                                         interleaved=False, scale=0.0),
+    "6 over 2, 96, separate k and v, no rotary": dict(heads=6, kv_heads=2, head=96,
+                                                      packed=False, rotary=False,
+                                                      interleaved=False, scale=0.0),
+    "smollm2's shape, a window of 100": dict(heads=9, kv_heads=3, head=64, packed=True,
+                                             rotary=True, interleaved=False, scale=0.125,
+                                             window=100),
+}
 
 
 def _session(case: dict, threads: int = 2):
@@ -74,14 +87,17 @@ def _split(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[..., :d].astype(np.int64), scales
 
 
-def _rows_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+def _rows_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, first: int = 0
+                    ) -> np.ndarray:
     """One query vector's attention (q rotated and scaled, float32) over int16 rows, as the
-    kernel computes it (float64 only for the exponentials and the final sums)."""
+    kernel computes it (float64 only for the exponentials and the final sums); positions
+    before `first` (a sliding window's start) weigh 0, the tiles still at fixed places."""
     qi, qs = _whole(q.astype(np.float32), i16_limit(q.shape[-1]))
     ki, ks = _split(keys)
     vi, vs = _split(values)
     scores = ((ki @ qi).astype(np.float32) * qs * ks).astype(np.float64)
-    weights = np.exp(scores - scores.max())
+    weights = np.exp(scores - scores[first:].max())
+    weights[:first] = 0.0
     out = np.zeros(q.shape[-1])
     for t in range(0, len(weights), TILE):
         wi, ws = _whole(weights[t:t + TILE].astype(np.float32) * vs[t:t + TILE], i16_limit(TILE))
@@ -112,9 +128,10 @@ def _reference(case: dict, feeds: dict[str, np.ndarray]
             sin = feeds["sin_cache"][positions[r]][:, None, :]
             q = _rotate(q, cos, sin, case["interleaved"])
         for i, pos in enumerate(positions[r]):
+            first = max(0, pos + 1 - case.get("window", pos + 1))
             for h in range(heads):
                 out[r, i, h] = _rows_attention(q[i, h] * scale, caches[0][r, h // group, :pos + 1],
-                                               caches[1][r, h // group, :pos + 1])
+                                               caches[1][r, h // group, :pos + 1], first)
     return out.reshape(rows, new, heads * head), caches[0], caches[1]
 
 
@@ -122,20 +139,22 @@ def _check(case: dict, lengths: list[int], new: int) -> None:
     feeds = _int16_feeds(np.random.default_rng(len(lengths) + new), case, lengths, new)
     got = _run(_session(case), feeds)
     want = _reference(case, feeds)
-    # measured within 3e-6 of the model; float arithmetic over the same values is ~1e-3 off
-    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=2e-5)
+    # measured within 3e-6 of the model, but a weight's whole number can land one step off
+    # where numpy's exponential rounds otherwise than the kernel's (3.5e-5 seen with a
+    # window of 100 positions); float arithmetic over the same values is ~1e-3 off
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-4)
     for mine, theirs in zip(got[1:], want[1:], strict=True):  # every row, bit for bit
         assert mine.dtype == np.int16 and mine.shape[-1] == case["head"] + 1
         np.testing.assert_array_equal(mine, theirs)
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("case", I16_CASES.values(), ids=I16_CASES.keys())
 def test_a_decode_step_matches_the_whole_number_attention(case):
     # one row empty, one within a chunk, two across chunks of 512 positions
     _check(case, [0, 37, 700, 1023], new=1)
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("case", I16_CASES.values(), ids=I16_CASES.keys())
 def test_a_prefill_chunk_matches_the_whole_number_attention(case):
     _check(case, [300], new=5)  # few rows: the positions are split among the threads
     _check(case, [0], new=9)
@@ -151,14 +170,15 @@ def test_the_model_is_the_whole_number_arithmetic_not_float_attention():
     _, _, positions = _new_kv(case, feeds)
     floats = _attention(case, feeds, [rows_to_float(c).astype(np.float64) for c in caches],
                         positions)
-    assert np.abs(whole - floats).max() > 1e-4
+    assert np.abs(whole - floats).max() > 3e-4
 
 
 def test_rows_quantize_as_the_engine_does_at_their_edges():
     """An all-zero row keeps scale 0 (read back as zeros, not NaN); a row with one large
     value keeps it within half a step, no whole number past the limit (the scale is rounded
-    up, so nothing clips); a row with inf becomes zeros. Byte for byte what
-    engine.kv.quant.float_to_rows writes (the engine's key shifting uses it)."""
+    up, so nothing clips); a row holding inf gets an infinite scale (it reads back as NaN,
+    as float16 would keep the inf). Byte for byte what engine.kv.quant.float_to_rows
+    writes (the engine's key shifting uses it)."""
     case = CASES["multi-head (4 over 4, 24, separate k and v, no rotary)"]
     feeds = _int16_feeds(np.random.default_rng(3), case, [10], 1)
     feeds["value"][0, 0, :24] = 0.0
@@ -169,7 +189,7 @@ def test_rows_quantize_as_the_engine_does_at_their_edges():
     _, _, value = _run(_session(case), feeds)
     zeros, large, infinite = value[0, 0, 10], value[0, 1, 10], value[0, 2, 10]
     assert not zeros.any()  # whole numbers and the scale's bits all 0
-    assert not infinite[:24].any()
+    assert not infinite[:24].any() and infinite[24].view(np.uint16) == 0x7F80
     limit = i16_row_limit(24)
     assert np.abs(large[:24].astype(np.int64)).max() <= limit
     back = rows_to_float(large)
@@ -184,7 +204,7 @@ def _pieces(case: dict, sizes: list[int], threads: int = 2):
     return _pieces_of(case, sizes, threads=threads, element="int16", make_feeds=_int16_feeds)
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("case", I16_CASES.values(), ids=I16_CASES.keys())
 def test_a_token_gets_the_same_bits_alone_or_among_others(case):
     want = _pieces(case, [300])
     for sizes, threads in (([7] * 42 + [6], 2), ([64] * 4 + [44], 2), ([1] * 300, 2),
@@ -219,18 +239,19 @@ def _save_pieces(path: str) -> None:
     """Every case's outputs and caches for one prompt in chunks of 7 into `path` (run in a
     process told to take other paths)."""
     arrays = {}
-    for i, case in enumerate(CASES.values()):
+    for i, case in enumerate(I16_CASES.values()):
         for j, a in enumerate(_pieces(case, [7] * 42 + [6])):
             arrays[f"{i}-{j}"] = a
     np.savez(path, **arrays)
 
 
-@pytest.mark.parametrize("paths", ["portable", "avx2", "avx512"])
+@pytest.mark.parametrize("paths", ["portable", "avx2"])
 def test_every_path_gives_the_same_bits(tmp_path, paths):
     """Where the CPU lacks AVX-512 VNNI (or it is left out) plain C runs the whole numbers:
-    the same outputs and caches, bit for bit, as this process's path."""
-    if os.environ.get(kernels.ENV) in ("portable", "avx2", "avx512"):
-        pytest.skip("this process is one of those runs")
+    the same outputs and caches, bit for bit, as this process's VPDPWSSD path."""
+    if not kernels.i16kv_fast():
+        pytest.skip("this CPU runs the whole numbers in plain C on every path: nothing to "
+                    "compare them with")
     out = tmp_path / f"{paths}.npz"
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
             "from tests.engine.kernels.test_decode_attention_i16kv import _save_pieces; "
@@ -239,6 +260,6 @@ def test_every_path_gives_the_same_bits(tmp_path, paths):
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = np.load(out)
-    for i, case in enumerate(CASES.values()):
+    for i, case in enumerate(I16_CASES.values()):
         for j, mine in enumerate(_pieces(case, [7] * 42 + [6])):
             np.testing.assert_array_equal(mine.view(np.uint8), theirs[f"{i}-{j}"].view(np.uint8))

@@ -67,17 +67,20 @@ def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
 
 @built
 def test_an_int16_cache_runs_on_vnni_where_the_cpu_has_it(monkeypatch):
-    """An int16 cache's attention runs on AVX-512 VNNI where the CPU has it (then the
-    engine keeps int16 KV by default), never with AVX-512 left out; plain C elsewhere."""
+    """An int16 cache's attention runs on AVX-512 VNNI where the CPU has it, never with
+    AVX-512 left out; plain C elsewhere. The engine keeps int16 KV by default where it runs
+    on VNNI and no AMX tiles run the float16 cache's scores."""
     flags = _cpu_flags()
     vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
-    if os.environ.get(kernels.ENV) not in ("portable", "avx2"):
+    amx = sys.platform == "linux" and {"amx_bf16", "avx512_bf16", "avx512bw"} <= flags
+    if os.environ.get(kernels.ENV) not in ("portable", "avx2", "avx512"):
         assert kernels.i16kv_fast() == vnni
+        assert kernels.i16kv_preferred() == (vnni and not amx)
     for left_out in ("portable", "avx2"):
         monkeypatch.setenv(kernels.ENV, left_out)
-        assert not kernels.i16kv_fast()
-    monkeypatch.setenv(kernels.ENV, "avx512")
-    assert kernels.i16kv_fast() == vnni
+        assert not kernels.i16kv_fast() and not kernels.i16kv_preferred()
+    monkeypatch.setenv(kernels.ENV, "avx512")  # AMX left out
+    assert kernels.i16kv_fast() == kernels.i16kv_preferred() == vnni
 
 
 def test_not_built_says_why_and_how_to_fix_with_and_without_a_compiler(monkeypatch, tmp_path):

@@ -80,10 +80,10 @@ def test_the_engine_keeps_int16_kv_at_half_of_float32s_bytes_and_a_scale(head32)
 
 def test_auto_keeps_int16_where_the_cpu_runs_it_fast_and_float16_elsewhere(
         head32, genai_model_dir):
-    """"auto": int16 where the kernel runs its attention on AVX-512 VNNI and every head is a
-    multiple of 32; float16 for heads of 16 (the plain C loops would run them) and on CPUs
-    without AVX-512 VNNI."""
-    want = "int16" if kernels.i16kv_fast() else "float16"
+    """"auto": int16 where the kernel runs its attention on AVX-512 VNNI (without AMX) and
+    every head is a multiple of 32; float16 for heads of 16 (the plain C loops would run
+    them) and on CPUs without AVX-512 VNNI."""
+    want = "int16" if kernels.i16kv_preferred() else "float16"
     assert _load(head32).spec.kv_pairs[0].dtype == want
     assert _load(genai_model_dir).spec.kv_pairs[0].dtype == "float16"  # heads of 16
     assert _load(head32, kv_dtype="float16").spec.kv_pairs[0].dtype == "float16"
@@ -148,7 +148,7 @@ def test_under_a_tight_limit_auto_keeps_int8_and_counts_in_the_16_bit_choice(hea
     int8, and the reason counts the tokens of the 16-bit element auto would have kept."""
     from engine.model.model_dir import load_model_dir
 
-    wide = "int16" if kernels.i16kv_fast() else "float16"
+    wide = "int16" if kernels.i16kv_preferred() else "float16"
     weights = load_model_dir(head32).weights_bytes // 1024 + 1  # KiB, rounded up
     per_token = 2 * 2 * 2 * (32 + (wide == "int16")) * 2  # layers x K,V x kv heads x row
     room = 512 * per_token // 1024 // 2  # KiB: half the context

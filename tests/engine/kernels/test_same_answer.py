@@ -125,7 +125,7 @@ def test_these_answers_are_16_bit_kvs():
     (half of float32's 46,080), and the paths above are that cache's."""
     engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
     try:
-        if kernels.i16kv_fast():
+        if kernels.i16kv_preferred():
             assert {p.dtype for p in engine.spec.kv_pairs} == {"int16"}
             assert engine.spec.kv_bytes_per_token == 23400
         else:
