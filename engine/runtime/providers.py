@@ -197,8 +197,8 @@ def sixteen_bit(config: EngineConfig, head_dims: list[int]) -> str:
     """The 16-bit KV element the engine keeps: "int16" where asked for, or with "auto"
     where the kernel runs it on AVX-512 VNNI without AMX and every head is a multiple of 32
     (kernels.i16kv_preferred; its attention then runs on whole numbers: a 512-token chunk
-    after 5,552 positions 0.69x, a decode step after 8,000 0.65-0.76x of float16's time on
-    Zen 5, engine/README.md); else "float16"."""
+    after 5,552 positions 0.66-0.70x, a decode step after 8,000 0.65-0.86x of float16's time
+    on Zen 5, engine/README.md); else "float16"."""
     if config.kv_dtype == "int16":
         return "int16"
     if config.kv_dtype == "auto" and head_dims and all(d % 32 == 0 for d in head_dims) \
