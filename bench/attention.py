@@ -1,9 +1,9 @@
 """Attention alone: the engine's kernel (engine/kernels) against ONNX Runtime's.
 
 One decode step's attention (or, with ``--new N``, a prefill chunk of N tokens) for every
-layer of the built-in model's shape (30 layers,
-9 query heads over 3 KV heads of 64, RoPE in the node, fp32 cache shared by past and
-present as the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
+layer of the built-in model's shape (30 layers, 9 query heads over 3 KV heads of 64 unless
+``--shape`` says otherwise, RoPE in the node, fp32 cache shared by past and present as
+the engine binds it): a graph of 30 GroupQueryAttention nodes, run with the
 node in ONNX Runtime's domain (``ort``) or moved to the engine's (``ours``, and
 ``ours-avx2`` and ``ours-portable``: its AVX2 or plain C loops instead of AVX-512;
 ``ours-i8``, ``ours-i8-avx2``: GroupQueryAttentionI8KV over an int8 cache (rows of
@@ -24,7 +24,7 @@ and value once per KV head), and the ratios.
 
     .venv/bin/python -m bench.attention [--lens 512,2000,4000,8000] [--rounds 5] [--threads 2]
                                         [--new 1] [--arms ort,ours,ours-f16,...]
-                                        [--base-library PATH]
+                                        [--base-library PATH] [--shape 9,3,64]
 
 Writes bench/out/attention.json.
 """
@@ -162,6 +162,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--new", type=int, default=1, help="new tokens per run (1: a decode step)")
+    p.add_argument("--shape", default="9,3,64",
+                   help="query heads, KV heads, head size (default: the built-in model's)")
     p.add_argument("--arms", default=",".join(ARMS),
                    help=f"which arms, of {', '.join(ARMS + MORE_ARMS)}")
     p.add_argument("--base-library", default="",
@@ -169,6 +171,11 @@ def main() -> int:
                         "'base-i16' run")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
+    global HEADS, KV_HEADS, HEAD
+    try:
+        HEADS, KV_HEADS, HEAD = (int(n) for n in args.shape.split(","))
+    except ValueError:
+        p.error(f"--shape: expected three whole numbers such as 9,3,64, got {args.shape!r}")
     if args.worker:
         arm, length = args.worker[0], int(args.worker[1])
         if arm.endswith(("-portable", "-avx2", "-avx512")):
@@ -192,7 +199,8 @@ def main() -> int:
         for arm, n in jobs[shift:] + jobs[:shift]:
             result = run_worker("bench.attention", "--threads", str(args.threads), "--steps",
                                 str(args.steps), "--new", str(args.new), "--base-library",
-                                args.base_library, "--worker", arm, str(n))
+                                args.base_library, "--shape", args.shape, "--worker", arm,
+                                str(n))
             runs.append({**result, "round": rnd, "loadavg": os.getloadavg()})
             print(f"round {rnd} {arm} {n}: {result['step_ms']:.2f} ms", flush=True)
     others = [a for a in arms if a != "ours"]

@@ -1013,6 +1013,8 @@ I16_TARGET __attribute__((noinline)) static void i16_dots(const int32_t* const* 
   case N:                                                                                 \
     if (D == 64)                                                                          \
       i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, 64);                          \
+    else if (D == 96)                                                                     \
+      i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, 96);                          \
     else if (D == 128)                                                                    \
       i16_dots_n(qq + x, sq + x, scores + x, kt, sk, N, NG, 128);                         \
     else                                                                                  \
@@ -1050,7 +1052,8 @@ I16_TARGET static ALWAYS_INLINE void i16_weigh_n(const int32_t* const* wq, const
   }
 }
 
-/* i16_weigh_n for nv query vectors, as many at a time as 24 registers of sums hold. */
+/* i16_weigh_n for nv query vectors, as many at a time as 24 registers of sums hold (heads
+   of 32, 64, 96 and 128; one at a time for the rest). */
 I16_TARGET __attribute__((noinline)) static void i16_weigh(const int32_t* const* wq, const float* sw,
                                                            const int32_t* vt, int64_t pairs, float* const* acc,
                                                            int64_t nv, int64_t D) {
@@ -1059,8 +1062,12 @@ I16_TARGET __attribute__((noinline)) static void i16_weigh(const int32_t* const*
     const int64_t n = nv - x < wide ? nv - x : wide;
 #define I16_W(N, Z) \
   case N: i16_weigh_n(wq + x, sw + x, vt, pairs, acc + x, N, Z); break;
-    if (Z == 4) {
+    if (Z == 2) {
+      switch (n) { I16_W(1, 2) I16_W(2, 2) I16_W(3, 2) I16_W(4, 2) I16_W(5, 2) I16_W(6, 2) }
+    } else if (Z == 4) {
       switch (n) { I16_W(1, 4) I16_W(2, 4) I16_W(3, 4) I16_W(4, 4) I16_W(5, 4) I16_W(6, 4) }
+    } else if (Z == 6) {
+      switch (n) { I16_W(1, 6) I16_W(2, 6) I16_W(3, 6) I16_W(4, 6) }
     } else if (Z == 8) {
       switch (n) { I16_W(1, 8) I16_W(2, 8) I16_W(3, 8) }
     } else {
