@@ -19,8 +19,9 @@ For each model and held-out prompt (this repository's own text, as ``bench.invar
   run: how far the model's answers move for the smallest change of its KV (the floor).
 
 Each arm decodes 48 greedy tokens one step at a time and is compared with float32 KV: the
-first differing token (``same`` when none) and the largest log-probability difference of
-the chosen tokens while the answers agree.
+first differing token (``same`` when none), the largest log-probability difference of
+the chosen tokens while the answers agree, and the largest difference of the prompt's last
+logits (0 for the ``sim-*`` arms, which round the KV only after a run).
 
     .venv/bin/python -m bench.kv_dtype --model builtin=resources/models/smollm2-135m-instruct \\
         [--model NAME=DIR ...] [--new 48]
@@ -75,11 +76,14 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - x.max() - np.log(np.exp(x - x.max()).sum())
 
 
+Run = tuple[list[int], list[float], np.ndarray]
+
+
 def greedy(engine: Any, ids: list[int], new: int,
-           rounding: Callable[[np.ndarray], np.ndarray] | None = None
-           ) -> tuple[list[int], list[float]]:
-    """`new` greedy tokens after `ids`, one step at a time; the KV rounded by `rounding`
-    after each run (None: as the engine keeps it)."""
+           rounding: Callable[[np.ndarray], np.ndarray] | None = None) -> Run:
+    """`new` greedy tokens after `ids`, one step at a time, their log-probabilities and the
+    prompt's last logits; the KV rounded by `rounding` after each run (None: as the engine
+    keeps it)."""
     runner = engine.runner
     runner.reset()
 
@@ -91,13 +95,14 @@ def greedy(engine: Any, ids: list[int], new: int,
         return logits.reshape(-1, logits.shape[-1])[-1]
 
     logits = run(ids)
+    prompt = logits.copy()
     tokens, logprobs = [], []
     for _ in range(new):
         token = int(logits.argmax())
         tokens.append(token)
         logprobs.append(float(_log_softmax(logits)[token]))
         logits = run([token])
-    return tokens, logprobs
+    return tokens, logprobs, prompt
 
 
 def kv_range(engine: Any) -> dict[str, float]:
@@ -115,14 +120,14 @@ def kv_range(engine: Any) -> dict[str, float]:
     return out
 
 
-def compare(ref: tuple[list[int], list[float]], got: tuple[list[int], list[float]]
-            ) -> dict[str, Any]:
+def compare(ref: Run, got: Run) -> dict[str, Any]:
     first = next((i for i, (a, b) in enumerate(zip(ref[0], got[0], strict=True)) if a != b),
                  None)
     upto = len(ref[0]) if first is None else first
     drift = max((abs(a - b) for a, b in zip(ref[1][:upto], got[1][:upto], strict=True)),
                 default=0.0)
-    return {"first_diff": first, "logprob_drift": drift}
+    return {"first_diff": first, "logprob_drift": drift,
+            "prompt_logits_diff": float(np.abs(ref[2] - got[2]).max())}
 
 
 def _kept(folder: str, dtype: str) -> Any:
@@ -181,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 cells = [str(r[arm]["first_diff"] if r[arm]["first_diff"] is not None
                              else "same") for r in rows]
                 drift = max(r[arm]["logprob_drift"] for r in rows)
+                moved = ", ".join(f"{r[arm]['prompt_logits_diff']:.3f}" for r in rows)
                 print(f"  {arm:9s} first differing token: {', '.join(cells)}; "
-                      f"largest log-probability drift before it {drift:.2e}")
+                      f"largest log-probability drift before it {drift:.2e}; the prompt's "
+                      f"last logits moved {moved}")
     return 0
 
 
