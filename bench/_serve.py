@@ -37,10 +37,9 @@ class Worker:
 
 
 @contextlib.contextmanager
-def worker(*args: str, root: Path = REPO, env_extra: dict[str, str] | None = None
-           ) -> Iterator[Worker]:
+def worker(*args: str, root: Path = REPO) -> Iterator[Worker]:
     """A worker on 127.0.0.1 (any free port), no log file, no KV store, HOME and XDG folders
-    in a temporary folder (and `env_extra` in its environment); stopped after."""
+    in a temporary folder; stopped after."""
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         err = open(Path(tmp) / "stderr.log", "w+", encoding="utf-8")  # noqa: SIM115
         cmd = [sys.executable, "-m", "engine", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -49,7 +48,7 @@ def worker(*args: str, root: Path = REPO, env_extra: dict[str, str] | None = Non
         # its own config, cache and state folders: nothing lands in the user's
         env = {**os.environ, "PYTHONPATH": str(root), "HOME": tmp,
                **{f"XDG_{k}_HOME": str(Path(tmp) / k.lower())
-                  for k in ("CONFIG", "CACHE", "STATE", "DATA")}, **(env_extra or {})}
+                  for k in ("CONFIG", "CACHE", "STATE", "DATA")}}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=root,
                                 env=env)
         try:

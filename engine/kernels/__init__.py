@@ -20,6 +20,7 @@ import sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
 #: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512 (an int16 cache's
@@ -64,19 +65,26 @@ def matmul_eight_bit() -> bool:
     return os.environ.get(MATMUL_ENV, "1") == "all"
 
 
-def matmul_paths() -> str | None:
-    """What the engine's MatMulNBits runs on this CPU: "avx512-vnni" or "portable: <why>"
-    (None: no library, or one built before it had this kernel)."""
+def _export(name: str, restype: Any) -> Any:
+    """The library's function `name`, taking nothing and returning `restype` (None: no
+    library, one that cannot load, or a build before the function)."""
     path = library()
     if path is None:
         return None
     try:
-        paths_of = ctypes.CDLL(str(path)).EngineKernelsMatmulPaths
+        function = getattr(ctypes.CDLL(str(path)), name)
     except (OSError, AttributeError):
         return None
-    paths_of.restype = ctypes.c_char_p
-    paths_of.argtypes = []
-    return (paths_of() or b"").decode("utf-8", "replace")
+    function.restype = restype
+    function.argtypes = []
+    return function
+
+
+def matmul_paths() -> str | None:
+    """What the engine's MatMulNBits runs on this CPU: "avx512-vnni" or "portable: <why>"
+    (None: no library, or one built before it had this kernel)."""
+    paths_of = _export("EngineKernelsMatmulPaths", ctypes.c_char_p)
+    return None if paths_of is None else (paths_of() or b"").decode("utf-8", "replace")
 
 
 def matmul_slow_reason() -> str | None:
@@ -135,16 +143,8 @@ def i16kv_ready() -> bool:
 def i16kv_fast() -> bool:
     """Whether the int16-KV attention runs on AVX-512 VNNI here (ENV leaving AVX-512 in);
     elsewhere plain C runs it (the same numbers, slower)."""
-    path = library()
-    if path is None or not i16kv_ready():
-        return False
-    try:
-        fast = ctypes.CDLL(str(path)).EngineKernelsInt16Fast
-    except (OSError, AttributeError):
-        return False
-    fast.restype = ctypes.c_int
-    fast.argtypes = []
-    return bool(fast())
+    fast = _export("EngineKernelsInt16Fast", ctypes.c_int) if i16kv_ready() else None
+    return fast is not None and bool(fast())
 
 
 def i16kv_preferred() -> bool:

@@ -629,6 +629,33 @@ HOT static void i16_rows_to_floats(const int16_t* src, int64_t rows, int64_t D, 
   }
 }
 
+/* `rows` rows (one token and KV head each) of a float16, int8 or int16 cache at src as
+   floats, f[i * D + d], as every path reads them. */
+static inline void cache_rows_to_floats(int kind, const void* src, int64_t rows, int64_t D, float* f) {
+  if (kind == KV_I8)
+    i8_rows_to_floats((const int8_t*)src, rows, D, f);
+  else if (kind == KV_I16)
+    i16_rows_to_floats((const int16_t*)src, rows, D, f);
+  else
+    halves_to_floats((const uint16_t*)src, rows * D, f);
+}
+
+/* Row `row` of a float16, int8 or int16 cache at base (one token and KV head). */
+static inline void* cache_row(int kind, void* base, int64_t row, int64_t D) {
+  return (char*)base + row * (kind == KV_I8 ? I8_ROW(D) : kind == KV_I16 ? 2 * I16_ROW(D) : 2 * D);
+}
+
+/* `rows` rows of D floats at x into a float16, int8 or int16 cache at dst: rounded to
+   float16, or quantized row by row. */
+static void floats_to_cache_rows(int kind, const float* x, int64_t rows, int64_t D, void* dst) {
+  if (kind == KV_I8)
+    for (int64_t r = 0; r < rows; ++r) floats_to_i8_row(x + r * D, D, (int8_t*)dst + r * I8_ROW(D));
+  else if (kind == KV_I16)
+    for (int64_t r = 0; r < rows; ++r) floats_to_i16_row(x + r * D, D, (int16_t*)dst + r * I16_ROW(D));
+  else
+    floats_to_halves(x, rows * D, (uint16_t*)dst);
+}
+
 /* M / largest, the factor that makes a vector's largest |x| M: 0 for a vector of zeros,
    and 0 too where it would overflow (a largest |x| below about 1e-35, a tile of weights
    ~80 below its chunk's top score: they weigh nothing then, on every path alike). */
@@ -1791,21 +1818,15 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
 #define KV_AT(base, r, t) \
   ((const float*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * D)
   /* a float16 or int8 cache's row t of chunk t0 for row r (its batch row, KV head g) */
-#define KVC_AT(base, r, t)                                                                  \
-  ((const char*)(base) + ((((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t)) * \
-                             (kind == KV_I8 ? I8_ROW(D) : kind == KV_I16 ? 2 * I16_ROW(D) : 2 * D))
+#define KVC_AT(base, r, t) \
+  ((const char*)cache_row(kind, (void*)(base), (((r) / s->seq) * s->kv_heads + g) * s->capacity + t0 + (t), D))
   /* The end of row r's batch row in the block (its rows' totals grow with r). */
 #define BATCH_END(r) ((((r) / s->seq) + 1) * s->seq < r1 ? (((r) / s->seq) + 1) * s->seq : r1)
   /* tile ts of row r's batch row into `tile`, as far as the block's rows of it read. */
 #define CONVERT_TILE(base, r, ts)                                                              \
   do {                                                                                         \
     const int64_t reach_ = ROW_N(BATCH_END(r) - 1) - (ts), m_ = reach_ < TILE ? reach_ : TILE; \
-    if (kind == KV_I8)                                                                         \
-      i8_rows_to_floats((const int8_t*)KVC_AT(base, r, ts), m_, D, tile);                      \
-    else if (kind == KV_I16)                                                                   \
-      i16_rows_to_floats((const int16_t*)KVC_AT(base, r, ts), m_, D, tile);                    \
-    else                                                                                       \
-      halves_to_floats((const uint16_t*)KVC_AT(base, r, ts), m_ * D, tile);                    \
+    cache_rows_to_floats(kind, KVC_AT(base, r, ts), m_, D, tile);                              \
   } while (0)
   /* The scores, tile by tile: the tile's keys are read once for the block. Where many
      query vectors read one batch row's tile (a prefill chunk), the tile is transposed and
@@ -2328,12 +2349,7 @@ static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, 
   OrtStatus* status = API(CreateCpuMemoryInfo)(0 /* device allocator */, 0 /* default memory */, &cpu);
   for (int i = 0; i < 2 && status == NULL; ++i) {
     if (inputs[3 + i] == NULL) continue;
-    if (i8)
-      i8_rows_to_floats((const int8_t*)(const void*)past[i].data, past_rows[i], D, past32[i]);
-    else if (i16)
-      i16_rows_to_floats((const int16_t*)(const void*)past[i].data, past_rows[i], D, past32[i]);
-    else
-      halves_to_floats((const uint16_t*)(const void*)past[i].data, past_rows[i] * D, past32[i]);
+    cache_rows_to_floats(k->kind, past[i].data, past_rows[i], D, past32[i]);
     status = API(CreateTensorWithDataAsOrtValue)(cpu, past32[i], (size_t)(past_rows[i] * D) * sizeof(float),
                                                  past_dims[i], 4, ELEM_FLOAT, &made[i]);
     fp32_inputs[3 + i] = made[i];
@@ -2350,12 +2366,7 @@ static OrtStatus* run_fallback_cast(const Kernel* k, OrtKernelContext* context, 
     status = API(KernelContext_GetOutput)(context, 1 + (size_t)i, cache_dims, 4, &present);
     if (status == NULL) status = API(GetTensorMutableData)(present, &bits);
     if (status != NULL) break;
-    if (i8)
-      for (int64_t r = 0; r < kv_rows; ++r) floats_to_i8_row(present32[i] + r * D, D, (int8_t*)bits + r * row);
-    else if (i16)
-      for (int64_t r = 0; r < kv_rows; ++r) floats_to_i16_row(present32[i] + r * D, D, (int16_t*)bits + r * row);
-    else
-      floats_to_halves(present32[i], kv_count, (uint16_t*)bits);
+    floats_to_cache_rows(k->kind, present32[i], kv_rows, D, bits);
   }
   for (int i = 0; i < 4; ++i)
     if (made[i] != NULL) API(ReleaseValue)(made[i]);
@@ -2485,32 +2496,13 @@ static OrtStatus* ORT_CALL kernel_compute(void* p, OrtKernelContext* context) {
       for (int64_t d = 0; d < D; ++d) qh[d] *= scale;
     }
     for (int64_t g = 0; g < KVH; ++g) {
-      const int64_t at = ((b * KVH + g) * cap + pos) * D;
-      if (k->kind == KV_I8) { /* rotated in float32, then quantized */
+      const int64_t row_at = (b * KVH + g) * cap + pos, at = row_at * D;
+      if (k->kind != KV_F32) { /* rotated in float32, then rounded or quantized */
         float kd[MAX_HEAD];
         memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
         if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
-        const int64_t at8 = ((b * KVH + g) * cap + pos) * I8_ROW(D);
-        floats_to_i8_row(kd, D, (int8_t*)present_k + at8);
-        floats_to_i8_row(vin + g * D, D, (int8_t*)present_v + at8);
-        continue;
-      }
-      if (k->kind == KV_I16) { /* rotated in float32, then quantized */
-        float kd[MAX_HEAD];
-        memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
-        if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
-        const int64_t at16 = ((b * KVH + g) * cap + pos) * I16_ROW(D);
-        floats_to_i16_row(kd, D, (int16_t*)present_k + at16);
-        floats_to_i16_row(vin + g * D, D, (int16_t*)present_v + at16);
-        continue;
-      }
-      if (k->kind == KV_F16) { /* rotated in float32, then rounded */
-        float kd[MAX_HEAD];
-        memcpy(kd, kin + g * D, (size_t)D * sizeof(float));
-        if (k->do_rotary) rotate(kd, c, s, 2 * half, (int)k->rotary_interleaved);
-        uint16_t *kh = (uint16_t*)present_k + at, *vh = (uint16_t*)present_v + at;
-        floats_to_halves(kd, D, kh);
-        floats_to_halves(vin + g * D, D, vh);
+        floats_to_cache_rows(k->kind, kd, 1, D, cache_row(k->kind, present_k, row_at, D));
+        floats_to_cache_rows(k->kind, vin + g * D, 1, D, cache_row(k->kind, present_v, row_at, D));
         continue;
       }
       float* kd = (float*)present_k + at;

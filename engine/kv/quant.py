@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.model.kv16_pass import I8_SCALE_BYTES, I16_SCALE_ELEMS, i16_row_limit
+from engine.model.kv16_pass import i16_row_limit, row_extra
 
 __all__ = ["QuantizedKV", "dequantize_int8", "float_to_rows",
            "quantization_error", "quantize_int8", "rows_shifted", "rows_to_float", "value_dim"]
@@ -119,13 +119,13 @@ def quantization_error(kv: np.ndarray) -> dict[str, float]:
 # An int8 row: head_dim int8 values, then their scale as a bfloat16 (I8_SCALE_BYTES bytes).
 # An int16 row: head_dim int16 whole numbers, then their scale as a bfloat16 (one int16).
 
-_ROW_EXTRA = {"int8": I8_SCALE_BYTES, "int16": I16_SCALE_ELEMS}
+_ROWS = ("int8", "int16")
 
 
 def value_dim(head_dim: int, dtype: str) -> int:
     """The values a cache row of `head_dim` elements of `dtype` holds (int8, int16: less
     their scale's elements)."""
-    return head_dim - _ROW_EXTRA.get(dtype, 0)
+    return head_dim - row_extra(dtype)
 
 
 def _row_scales(rows: np.ndarray, d: int) -> np.ndarray:
@@ -137,7 +137,9 @@ def _row_scales(rows: np.ndarray, d: int) -> np.ndarray:
 def rows_to_float(rows: np.ndarray) -> np.ndarray:
     """int8 cache rows `[..., head_dim + 2]` or int16 rows `[..., head_dim + 1]` as float32
     `[..., head_dim]`: q * scale, the kernel's one multiply (exact for int16 rows)."""
-    d = rows.shape[-1] - _ROW_EXTRA[rows.dtype.name]
+    if rows.dtype.name not in _ROWS:
+        raise ValueError(f"cache rows: expected int8 or int16 rows, got {rows.dtype.name}")
+    d = rows.shape[-1] - row_extra(rows.dtype.name)
     return rows[..., :d].astype(np.float32) * _row_scales(rows, d)
 
 
@@ -158,7 +160,7 @@ def float_to_rows(x: np.ndarray, element: str = "int8") -> np.ndarray:
     the limit; NaN values become 0, a row holding inf gets an infinite scale and reads back
     as NaN)."""
     x = x.astype(np.float32, copy=False)
-    if element not in _ROW_EXTRA:
+    if element not in _ROWS:
         raise ValueError(f"cache rows: expected element 'int8' or 'int16', got {element!r}")
     limit = np.float32(_QMAX if element == "int8" else i16_row_limit(x.shape[-1]))
     with np.errstate(invalid="ignore"):
@@ -178,6 +180,6 @@ def float_to_rows(x: np.ndarray, element: str = "int8") -> np.ndarray:
 def rows_shifted(rows: np.ndarray, shift: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """`shift` (a key rotation on float rows) applied to cache rows of any element type:
     int8 and int16 rows are read as floats, rotated, and quantized again."""
-    if rows.dtype.name not in _ROW_EXTRA:
+    if rows.dtype.name not in _ROWS:
         return shift(rows)
     return float_to_rows(shift(rows_to_float(rows)), rows.dtype.name)
