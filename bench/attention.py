@@ -12,7 +12,8 @@ run on the tile unit;
 ``ours-avx512``, ``ours-f16-avx512``, ``ours-i8-avx512``: the same without AMX;
 ``ours-i16``, ``ours-i16-avx2``,
 ``ours-i16-portable``: GroupQueryAttentionI16KV over an int16 cache (rows of whole numbers
-and a scale; VPDPWSSD where the CPU has AVX-512 VNNI, else plain C);
+and a scale; VPDPWSSD where the CPU has AVX-512 VNNI, with ``-avx2`` its 256-bit form where
+the CPU has AVX-VNNI, else plain C);
 ``ours-f16``, ``ours-f16-avx2``, ``ours-f16-portable``: GroupQueryAttentionF16KV over a
 float16 cache; ``base``, ``base-f16`` and ``base-i16``: the fp32, float16-KV and int16-KV
 operators of the library at ``--base-library``, another build to compare with), at

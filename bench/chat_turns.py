@@ -8,7 +8,8 @@ to the server's ``/v1/chat/completions``, streamed, with the app's ``X-Session-I
 is the time to the first content byte.
 
 - ``ours``: ``python -m engine serve`` (its defaults: prefix cache, ``--cache-reuse 256``,
-  16-bit KV: int16 whole numbers where the CPU has AVX-512 VNNI, else float16).
+  16-bit KV: int16 whole numbers where the CPU has AVX-512 VNNI or AVX-VNNI, else
+  float16).
 - ``ours-f16``, ``ours-int16``, ``ours-int8`` (only when ``--engines`` names them): the same
   with ``--kv-dtype float16``, ``int16`` or ``int8``.
 - ``llama.cpp``: llama-cpp-python 0.3.36's server (``python -m llama_cpp.server``, the

@@ -9,7 +9,7 @@ For each model and held-out prompt (this repository's own text, as ``bench.invar
 - ``fp16`` (when the engine's kernel has the float16-KV attention): the engine as it runs
   with ``kv_dtype="float16"``; ``int16`` the same with ``kv_dtype="int16"`` (whole numbers
   and a scale per token and KV head, the attention on the whole numbers: the default where
-  the CPU has AVX-512 VNNI); ``int8`` with ``kv_dtype="int8"`` (a scale per token and KV
+  the CPU has AVX-512 VNNI or AVX-VNNI); ``int8`` with ``kv_dtype="int8"`` (a scale per token and KV
   head);
 - ``sim-fp16`` / ``sim-bf16``: float32 KV rounded in place to float16 / bfloat16 (to nearest,
   ties to even) after the prefill and after every step: a step's own new key is attended

@@ -258,10 +258,10 @@ class EngineConfig:
     own_kernels: bool = True
     #: The live KV cache's element type on the CPU: "auto" = 16 bits where the engine's
     #: kernel runs every attention node (engine.model.kv16_pass: half the KV bytes per
-    #: token): int16 whole numbers with a scale per row where the CPU has AVX-512 VNNI and
-    #: heads are a multiple of 32 (faster attention), float16 elsewhere; else the model's
-    #: own. "float16" and "int16" ask for one of them (a load error where it cannot apply;
-    #: int16 without AVX-512 VNNI runs plain C, the same numbers but slower); "int8" a
+    #: token): int16 whole numbers with a scale per row where the CPU has AVX-512 VNNI or
+    #: AVX-VNNI and heads are a multiple of 32 (faster attention), float16 elsewhere; else
+    #: the model's own. "float16" and "int16" ask for one of them (a load error where it
+    #: cannot apply; int16 without VNNI runs plain C, the same numbers but slower); "int8" a
     #: quarter of float32's bytes (a scale per token and KV head; a load error where it
     #: cannot apply); "float32" keeps a float32 export's KV as it is. A model exported with
     #: float16 KV (GPU exports) keeps it whatever this says.

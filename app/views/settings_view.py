@@ -34,7 +34,7 @@ PROVIDER_LABELS = {"auto": "Automatic (GPU when it fits, else CPU)", "cpu": "CPU
 #: The worker's --kv-dtype choices (app.settings.KV_CHOICES), as the view names them.
 KV_LABELS = {"auto": "Automatic (16-bit; 8-bit when memory is tight)",
              "float16": "16-bit floating point",
-             "int16": "16-bit whole numbers (faster on CPUs with AVX-512 VNNI)",
+             "int16": "16-bit whole numbers (faster on CPUs with VNNI)",
              "int8": "8-bit (a quarter of 32-bit's memory)"}
 
 
@@ -127,7 +127,7 @@ class SettingsView(QWidget):
         self.kv_dtype.setToolTip(
             "How the model keeps what a conversation has said so far (its KV cache).\n"
             "16-bit: half the memory of 32-bit; the same answers every time. Whole numbers "
-            "are faster on CPUs with AVX-512 VNNI; floating point keeps a little more "
+            "are faster on CPUs with AVX-512 VNNI or AVX-VNNI; floating point keeps a little more "
             "precision (the two may answer differently).\n8-bit: about "
             "a quarter of it, for long conversations on small computers; answers may "
             "differ a little from 16-bit's.\nAutomatic: 16-bit (whole numbers where the "

@@ -141,16 +141,17 @@ def i16kv_ready() -> bool:
 
 
 def i16kv_fast() -> bool:
-    """Whether the int16-KV attention runs on AVX-512 VNNI here (ENV leaving AVX-512 in);
-    elsewhere plain C runs it (the same numbers, slower)."""
+    """Whether the int16-KV attention runs on VPDPWSSD here: AVX-512 VNNI (ENV leaving
+    AVX-512 in) or AVX-VNNI's 256-bit form (Intel's client cores; also with AVX-512 left
+    out); elsewhere, and with ENV "portable", plain C runs it (the same numbers, slower)."""
     fast = _export("EngineKernelsInt16Fast", ctypes.c_int) if i16kv_ready() else None
     return fast is not None and bool(fast())
 
 
 def i16kv_preferred() -> bool:
-    """Whether kv_dtype "auto" keeps int16 KV (heads allowing): where its attention runs on
-    AVX-512 VNNI and no AMX tiles run the float16 cache's scores (measured there, the int16
-    cache is not), else float16."""
+    """Whether kv_dtype "auto" keeps int16 KV (heads allowing): where its attention runs
+    on VPDPWSSD (i16kv_fast) and no AMX tiles run the float16 cache's scores (measured
+    there, the int16 cache is not), else float16."""
     return i16kv_fast() and "AMX-BF16" not in (status().reason or "")
 
 

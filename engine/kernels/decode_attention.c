@@ -27,7 +27,7 @@
  *
  * `engine.kernels::GroupQueryAttentionI16KV` keeps each cache row as int16 whole numbers and
  * their scale, and runs the attention on the whole numbers (the section "an int16 cache";
- * VPDPWSSD where the CPU has AVX-512 VNNI): the engine's default KV on such CPUs.
+ * VPDPWSSD where the CPU has AVX-512 VNNI or AVX-VNNI): the engine's default KV on such CPUs.
  *
  * `engine.kernels::GroupQueryAttentionI8KV` keeps each cache row as int8 values and their
  * scale; where the CPU has AMX-BF16 its scores run on the tile unit (the AMX section).
@@ -927,13 +927,14 @@ __attribute__((target("avx2,fma"), noinline)) static void dots_t8(const float* c
 
 #define I16_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 
-/* 1: an int16 cache's attention runs on VPDPWSSD (AVX-512 VNNI; set at registration). */
+/* Where an int16 cache's attention runs on VPDPWSSD (vnni_rows, set at registration): 1
+   AVX-512 VNNI, 2 AVX-VNNI (the section after this one), 0 plain C. */
 static int g_vnni;
 
 /* Ask for the sixteen rows a tile (TILE rows) after the sixteen at src: a decode step reads
    the cache once, at memory's pace, and the rows' 2 * D + 2 bytes start where the hardware's
    stream prediction does not keep up with them (decode attention 25 GB/s without this). */
-I16_TARGET static inline void i16_ahead(const int16_t* src, const int64_t D) {
+static inline void i16_ahead(const int16_t* src, const int64_t D) {
   const char* ahead = (const char*)(src + TILE * I16_ROW(D));
   for (int64_t b = 0; b < 16 * 2 * I16_ROW(D); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
 }
@@ -1103,6 +1104,187 @@ I16_TARGET __attribute__((noinline)) static void i16_weigh(const int32_t* const*
 #undef I16_W
   }
 }
+
+/* ---- an int16 cache's attention on AVX-VNNI (256-bit) --------------------------------------
+
+   The same whole numbers on CPUs with AVX-VNNI but no AVX-512 (Intel's client cores since
+   Alder Lake): VPDPWSSD on 256-bit registers, 16 int16 products an instruction where an
+   AVX2 multiply-add makes 8. The tiles keep the AVX-512 section's layout (kt: sixteen keys
+   a pair of dimensions; vt: pairs of positions), read eight lanes at a time; the integer
+   sums are exact and the float steps come in the same order, so the bits are those of the
+   plain C loops and of the AVX-512 code (the tests compare all three). */
+
+/* AVX-VNNI intrinsics and target: GCC 11 and clang 12 onwards (an older compiler leaves
+   the section out, and such CPUs run plain C) */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define HAVE_AVX_VNNI 1
+#include <cpuid.h>
+#define I16Y_TARGET __attribute__((target("avx2,fma,avxvnni")))
+
+/* 1 where the CPU has AVX-VNNI (CPUID leaf 7, sub-leaf 1: EAX bit 4). */
+static int avx_vnni_cpu(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u);
+}
+
+/* acc + VPDPWSSD(a, b), VEX-encoded (no AVX-512 needed). */
+I16Y_TARGET static inline __m256i i16y_dp(__m256i acc, __m256i a, __m256i b) {
+  __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+
+/* i16_row_keys on AVX2: the same kt and scales, eight keys at a time. */
+I16Y_TARGET static void i16y_row_keys(const int16_t* src, int64_t m, const int64_t D, int32_t* kt, float* scale) {
+  i16_ahead(src, D);
+  for (int64_t i = 0; i < 16; ++i) scale[i] = i < m ? i16_row_scale(src + i * I16_ROW(D), D) : 0.0f;
+  for (int64_t i0 = 0; i0 < 16; i0 += 8)
+    for (int64_t h = 0; h < D / 16; ++h) {
+      __m256 rows[8];
+      for (int64_t i = 0; i < 8; ++i)
+        rows[i] = i0 + i < m ? _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i*)(src + (i0 + i) * I16_ROW(D) + 16 * h)))
+                             : _mm256_setzero_ps();
+      transpose8(rows); /* rows[c]: pair 8h + c of the eight keys */
+      for (int c = 0; c < 8; ++c) _mm256_storeu_ps((float*)kt + (8 * h + c) * TILE + i0, rows[c]);
+    }
+}
+
+/* i16_row_values on AVX2: the same vt (value 2j's q[16c + l] and 2j + 1's as the pair at
+   (j * (D / 16) + c) * 16 + l) and scales. */
+I16Y_TARGET static void i16y_row_values(const int16_t* src, int64_t m, const int64_t D, int32_t* vt, float* scale) {
+  i16_ahead(src, D);
+  for (int64_t i = 0; i < 16; ++i) scale[i] = i < m ? i16_row_scale(src + i * I16_ROW(D), D) : 0.0f;
+  for (int64_t i = 0; i < 16; i += 2)
+    for (int64_t c = 0; c < D / 16; ++c) {
+      const __m256i a = i < m ? _mm256_loadu_si256((const __m256i*)(src + i * I16_ROW(D) + 16 * c)) : _mm256_setzero_si256();
+      const __m256i b =
+          i + 1 < m ? _mm256_loadu_si256((const __m256i*)(src + (i + 1) * I16_ROW(D) + 16 * c)) : _mm256_setzero_si256();
+      /* within each 128-bit half: lo pairs l = 0..3 (and 8..11), hi 4..7 (and 12..15) */
+      const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+      int32_t* at = vt + ((i / 2) * (D / 16) + c) * 16;
+      _mm256_storeu_si256((__m256i*)at, _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256((__m256i*)(at + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+}
+
+/* i16_weights on AVX2: the same whole-number weights and scale. */
+I16Y_TARGET static float i16y_weights(const float* p, const float* sv, int64_t m, int64_t len, float M, int32_t* wq) {
+  __m256 w[TILE / 8];
+  __m256 top = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t c = 0; c < len / 8; ++c) {
+    const int64_t left = m - 8 * c;
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left < 0 ? 0 : left)), lane);
+    w[c] = _mm256_mul_ps(_mm256_maskload_ps(p + 8 * c, keep), _mm256_maskload_ps(sv + 8 * c, keep));
+    top = _mm256_max_ps(_mm256_andnot_ps(sign, w[c]), top);
+  }
+  __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+  t4 = _mm_max_ss(t4, _mm_shuffle_ps(t4, t4, 1));
+  const float most = _mm_cvtss_f32(t4);
+  const __m256 inv = _mm256_set1_ps(i16_factor(M, most));
+  for (int64_t c = 0; c < len / 8; ++c) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(w[c], inv)); /* |q| <= M: no saturation below */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(q, q), 0x08);
+    _mm_storeu_si128((__m128i*)(wq + 4 * c), _mm256_castsi256_si128(packed));
+  }
+  return most / M;
+}
+
+/* i16_dots_n on AVX2 for one group of sixteen keys (two registers of eight): N x 2 sums. */
+I16Y_TARGET static ALWAYS_INLINE void i16y_dots_n(const int32_t* const* qq, const float* sq, float* const* scores,
+                                                  const int32_t* kt, const float* sk, const int N, const int64_t D) {
+  __m256i acc[4][2];
+  for (int i = 0; i < N; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  _Pragma("GCC unroll 4") for (int64_t p = 0; p < D / 2; ++p) {
+    const __m256i k0 = _mm256_loadu_si256((const __m256i*)(kt + p * TILE)),
+                  k1 = _mm256_loadu_si256((const __m256i*)(kt + p * TILE + 8));
+    for (int i = 0; i < N; ++i) {
+      const __m256i b = _mm256_set1_epi32(qq[i][p]);
+      acc[i][0] = i16y_dp(acc[i][0], k0, b);
+      acc[i][1] = i16y_dp(acc[i][1], k1, b);
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    const __m256 s = _mm256_set1_ps(sq[i]);
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(scores[i] + 8 * h, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), s),
+                                                        _mm256_loadu_ps(sk + 8 * h)));
+  }
+}
+
+/* i16_dots on AVX2: nq query vectors, four at a time (eight sums, two keys' registers and a
+   broadcast: no spills in sixteen registers), a group of sixteen keys at a time. */
+I16Y_TARGET __attribute__((noinline)) static void i16y_dots(const int32_t* const* qq, const float* sq,
+                                                            float* const* scores, int64_t nq, const int32_t* kt,
+                                                            const float* sk, int64_t groups, int64_t D) {
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t x = 0; x < nq; x += 4) {
+      const int64_t n = nq - x < 4 ? nq - x : 4;
+      float* at[4];
+      for (int64_t i = 0; i < n; ++i) at[i] = scores[x + i] + 16 * g;
+#define I16Y_CASE(N)                                                                    \
+  case N:                                                                               \
+    if (D == 64)                                                                        \
+      i16y_dots_n(qq + x, sq + x, at, kt + 16 * g, sk + 16 * g, N, 64);                 \
+    else if (D == 128)                                                                  \
+      i16y_dots_n(qq + x, sq + x, at, kt + 16 * g, sk + 16 * g, N, 128);                \
+    else                                                                                \
+      i16y_dots_n(qq + x, sq + x, at, kt + 16 * g, sk + 16 * g, N, D);                  \
+    break;
+      switch (n) { I16Y_CASE(1) I16Y_CASE(2) I16Y_CASE(3) I16Y_CASE(4) }
+#undef I16Y_CASE
+    }
+}
+
+/* i16_weigh_n on AVX2 for dimensions 32h..32h + 31 of N query vectors: N x 4 sums. */
+I16Y_TARGET static ALWAYS_INLINE void i16y_weigh_n(const int32_t* const* wq, const float* sw, const int32_t* vt,
+                                                   int64_t pairs, float* const* acc, const int N, const int64_t D,
+                                                   int64_t h) {
+  __m256i sum[2][4];
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < 4; ++c) sum[i][c] = _mm256_setzero_si256();
+  _Pragma("GCC unroll 2") for (int64_t j = 0; j < pairs; ++j) {
+    const int32_t* at = vt + (j * (D / 16) + 2 * h) * 16;
+    __m256i b[2];
+    for (int i = 0; i < N; ++i) b[i] = _mm256_set1_epi32(wq[i][j]);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(at + 8 * c));
+      for (int i = 0; i < N; ++i) sum[i][c] = i16y_dp(sum[i][c], v, b[i]);
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    const __m256 s = _mm256_set1_ps(sw[i]);
+    for (int c = 0; c < 4; ++c) {
+      float* a = acc[i] + 32 * h + 8 * c;
+      _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][c]), s, _mm256_loadu_ps(a)));
+    }
+  }
+}
+
+/* i16_weigh on AVX2: nv query vectors, two at a time (eight sums, two broadcasts and a
+   value register: no spills), 32 dimensions at a time. */
+I16Y_TARGET __attribute__((noinline)) static void i16y_weigh(const int32_t* const* wq, const float* sw,
+                                                             const int32_t* vt, int64_t pairs, float* const* acc,
+                                                             int64_t nv, int64_t D) {
+  for (int64_t x = 0; x < nv; x += 2) {
+    const int64_t n = nv - x < 2 ? nv - x : 2;
+    for (int64_t h = 0; h < D / 32; ++h) {
+      if (n == 2)
+        i16y_weigh_n(wq + x, sw + x, vt, pairs, acc + x, 2, D, h);
+      else
+        i16y_weigh_n(wq + x, sw + x, vt, pairs, acc + x, 1, D, h);
+    }
+  }
+}
+#else
+/* Never called (g_vnni is never 2 without the section): the names for the dispatch. */
+#define i16y_row_keys i16_row_keys
+#define i16y_row_values i16_row_values
+#define i16y_weights i16_weights
+#define i16y_dots i16_dots
+#define i16y_weigh i16_weigh
+#endif
 
 /* ---- AMX: an int8 cache's scores in bfloat16 tiles --------------------------------------
 
@@ -1881,7 +2063,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         int32_t* kt = (int32_t*)tile; /* [D / 2][TILE] */
         float* sk = tile + TILE * (D / 2);
         for (int64_t k0 = 0; k0 < 16 * groups; k0 += 16)
-          i16_row_keys((const int16_t*)KVC_AT(s->keys, ra, ts) + k0 * I16_ROW(D), mt - k0, D, kt + k0, sk + k0);
+          (g_vnni == 2 ? i16y_row_keys : i16_row_keys)((const int16_t*)KVC_AT(s->keys, ra, ts) + k0 * I16_ROW(D),
+                                                        mt - k0, D, kt + k0, sk + k0);
         const int32_t* qv[MAX_VECTORS];
         float qsv[MAX_VECTORS];
         float* sv[MAX_VECTORS];
@@ -1895,7 +2078,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
             sv[nq] = scores + v * CHUNK + ts;
           }
         }
-        i16_dots(qv, qsv, sv, nq, kt, sk, groups, D);
+        (g_vnni == 2 ? i16y_dots : i16_dots)(qv, qsv, sv, nq, kt, sk, groups, D);
         continue;
       }
       const int wide = g_isa == 2 && D % 16 == 0,
@@ -1997,8 +2180,8 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         int32_t* vt = (int32_t*)tile;          /* [TILE / 2][D] */
         float* sv = tile + TILE * (D / 2);
         for (int64_t v0 = 0; v0 < len; v0 += 16)
-          i16_row_values((const int16_t*)KVC_AT(s->values, ra, ts) + v0 * I16_ROW(D), mt - v0, D,
-                         vt + (v0 / 2) * D, sv + v0);
+          (g_vnni == 2 ? i16y_row_values : i16_row_values)((const int16_t*)KVC_AT(s->values, ra, ts) + v0 * I16_ROW(D),
+                                                            mt - v0, D, vt + (v0 / 2) * D, sv + v0);
         int32_t wbuf[6 * (TILE / 2)];
         const int32_t* wq[6];
         float sw[6];
@@ -2010,15 +2193,16 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
           for (int64_t j = 0; j < G; ++j) {
             const int64_t v = (r - r0) * G + j;
             wq[nw] = wbuf + nw * (TILE / 2);
-            sw[nw] = i16_weights(scores + v * CHUNK + ts, sv, n - ts, len, Mt, wbuf + nw * (TILE / 2));
+            sw[nw] = (g_vnni == 2 ? i16y_weights : i16_weights)(scores + v * CHUNK + ts, sv, n - ts, len, Mt,
+                                                                wbuf + nw * (TILE / 2));
             wa[nw] = accs + v * D;
             if (++nw == 6) {
-              i16_weigh(wq, sw, vt, len / 2, wa, nw, D);
+              (g_vnni == 2 ? i16y_weigh : i16_weigh)(wq, sw, vt, len / 2, wa, nw, D);
               nw = 0;
             }
           }
         }
-        if (nw > 0) i16_weigh(wq, sw, vt, len / 2, wa, nw, D);
+        if (nw > 0) (g_vnni == 2 ? i16y_weigh : i16_weigh)(wq, sw, vt, len / 2, wa, nw, D);
         continue;
       }
       /* a float16 cache's values for a few vectors: converted in registers (weigh_f16) */
@@ -2595,12 +2779,19 @@ static const char* choose_paths(void) {
 #endif
 }
 
-/* Whether an int16 cache's attention runs on VPDPWSSD with these paths: AVX-512 chosen
-   (not left out by ONNX_GENAI_KERNELS) on a CPU with AVX-512 BW, VL and VNNI. */
+/* Where an int16 cache's attention runs on VPDPWSSD with these paths: 1 on 512-bit
+   registers (AVX-512 chosen, not left out by ONNX_GENAI_KERNELS, on a CPU with AVX-512 BW,
+   VL and VNNI), 2 on 256-bit ones (AVX2 chosen on a CPU with AVX-VNNI: Intel's client cores,
+   or AVX-512 left out), 0 nowhere (plain C). */
 static int vnni_rows(const char* paths) {
 #ifdef HAVE_X86_PATHS
-  return strncmp(paths, "avx2+fma: and AVX-512", 21) == 0 && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  if (strncmp(paths, "avx2+fma: and AVX-512", 21) == 0 && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+    return 1;
+#ifdef HAVE_AVX_VNNI
+  if (strncmp(paths, "avx2+fma", 8) == 0 && avx_vnni_cpu()) return 2;
+#endif
+  return 0;
 #else
   (void)paths;
   return 0;

@@ -19,7 +19,7 @@ float16's.
 `cache_kv(data, "int16", dims)`: `GroupQueryAttentionI16KV`, each row head_size int16 whole
 numbers and their scale (largest |x| / `i16_row_limit(head_size)`, rounded up to a
 bfloat16) in one more int16, head_size + 1 int16 a row (1.6% more than float16 at head
-size 64). The kernel runs the attention on the whole numbers (VPDPWSSD on AVX-512 VNNI),
+size 64). The kernel runs the attention on the whole numbers (VPDPWSSD on AVX-512 VNNI or AVX-VNNI),
 exact sums in int32, so every path gives the same bits without a promised order of
 additions.
 

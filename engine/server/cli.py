@@ -108,7 +108,8 @@ def add_kv_dtype(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
                         help="the live KV cache's element type on the CPU: auto = 16 bits "
                              "where the engine's kernel runs attention (half the memory per "
-                             "token: int16 whole numbers where the CPU has AVX-512 VNNI, "
+                             "token: int16 whole numbers where the CPU has AVX-512 VNNI or "
+                             "AVX-VNNI, "
                              "float16 elsewhere), else the model's own; int8 a quarter of "
                              "float32's memory (a scale per token and head); float32 keeps "
                              "a float32 export's (default auto)")

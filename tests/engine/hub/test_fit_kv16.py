@@ -1,6 +1,6 @@
 """The catalog's fit counts the KV the engine will keep: 16 bits on the CPU where its
 kernel runs attention (engine.model.kv16_pass; int16 rows with a scale where the CPU runs
-them on AVX-512 VNNI), the export's own elsewhere."""
+them on VNNI), the export's own elsewhere."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ as whole numbers against the tile's largest, the tile's exact sums times the wei
 added to the total. The operator's promise: the cache holds exactly engine.kv.quant's rows
 of the new keys and values, the output matches that arithmetic modelled in numpy, and a
 token's output has the same bits alone, in chunks of any size, on one or two threads, and
-on every path (VPDPWSSD on AVX-512 VNNI, AVX2 and plain C run the plain C loops).
+on every path (VPDPWSSD on AVX-512 VNNI, on AVX-VNNI's 256-bit registers where AVX-512 is
+left out, and the plain C loops).
 Real ONNX Runtime sessions, one node.
 """
 
@@ -247,8 +248,9 @@ def _save_pieces(path: str) -> None:
 
 @pytest.mark.parametrize("paths", ["portable", "avx2"])
 def test_every_path_gives_the_same_bits(tmp_path, paths):
-    """Where the CPU lacks AVX-512 VNNI (or it is left out) plain C runs the whole numbers:
-    the same outputs and caches, bit for bit, as this process's VPDPWSSD path."""
+    """With AVX-512 left out ("avx2") the whole numbers run on AVX-VNNI's 256-bit
+    VPDPWSSD where the CPU has it, else in plain C; "portable" always runs plain C: the
+    same outputs and caches, bit for bit, as this process's VPDPWSSD path."""
     if not kernels.i16kv_fast():
         pytest.skip("this CPU runs the whole numbers in plain C on every path: nothing to "
                     "compare them with")

@@ -67,20 +67,23 @@ def test_an_int8_cache_says_when_its_scores_run_on_amx_tiles(monkeypatch):
 
 @built
 def test_an_int16_cache_runs_on_vnni_where_the_cpu_has_it(monkeypatch):
-    """An int16 cache's attention runs on AVX-512 VNNI where the CPU has it, never with
-    AVX-512 left out; plain C elsewhere. The engine keeps int16 KV by default where it runs
-    on VNNI and no AMX tiles run the float16 cache's scores."""
+    """An int16 cache's attention runs on VPDPWSSD where the CPU has it: AVX-512 VNNI, or
+    AVX-VNNI on 256-bit registers (also with AVX-512 left out); plain C elsewhere and when
+    told "portable". The engine keeps int16 KV by default where it runs on VNNI and no AMX
+    tiles run the float16 cache's scores."""
     flags = _cpu_flags()
-    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
+    wide = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
+    narrow = {"avx_vnni", "avx2", "fma"} <= flags
     amx = sys.platform == "linux" and {"amx_bf16", "avx512_bf16", "avx512bw"} <= flags
     if os.environ.get(kernels.ENV) not in ("portable", "avx2", "avx512"):
-        assert kernels.i16kv_fast() == vnni
-        assert kernels.i16kv_preferred() == (vnni and not amx)
-    for left_out in ("portable", "avx2"):
-        monkeypatch.setenv(kernels.ENV, left_out)
-        assert not kernels.i16kv_fast() and not kernels.i16kv_preferred()
+        assert kernels.i16kv_fast() == (wide or narrow)
+        assert kernels.i16kv_preferred() == ((wide or narrow) and not amx)
+    monkeypatch.setenv(kernels.ENV, "portable")
+    assert not kernels.i16kv_fast() and not kernels.i16kv_preferred()
+    monkeypatch.setenv(kernels.ENV, "avx2")  # AVX-512 and AMX left out
+    assert kernels.i16kv_fast() == kernels.i16kv_preferred() == narrow
     monkeypatch.setenv(kernels.ENV, "avx512")  # AMX left out
-    assert kernels.i16kv_fast() == kernels.i16kv_preferred() == vnni
+    assert kernels.i16kv_fast() == kernels.i16kv_preferred() == (wide or narrow)
 
 
 def test_not_built_says_why_and_how_to_fix_with_and_without_a_compiler(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""Int16 KV on the CPU (`kv_dtype="int16"`, and "auto" where the CPU has AVX-512 VNNI and
+"""Int16 KV on the CPU (`kv_dtype="int16"`, and "auto" where the CPU has VNNI and
 heads are a multiple of 32; engine.model.kv16_pass's `cache_kv`): each cache row holds a
 token's key or value for one KV head as int16 whole numbers and their bfloat16 scale, the
 attention runs on the whole numbers. The paths float16 KV takes (every path's same answer,
@@ -40,7 +40,7 @@ def _greedy(ids: tuple[int, ...], n: int = 16) -> GenerateRequest:
 
 @pytest.fixture(scope="module")
 def head32(tmp_path_factory) -> Path:
-    """A forged model with heads of 32: the AVX-512 VNNI path's shape."""
+    """A forged model with heads of 32: the VNNI paths' shape."""
     return write_genai_model(tmp_path_factory.mktemp("head32"),
                              ForgeSpec(hidden=128, heads=4, kv_heads=2, context=512))
 
@@ -80,9 +80,9 @@ def test_the_engine_keeps_int16_kv_at_half_of_float32s_bytes_and_a_scale(head32)
 
 def test_auto_keeps_int16_where_the_cpu_runs_it_fast_and_float16_elsewhere(
         head32, genai_model_dir):
-    """"auto": int16 where the kernel runs its attention on AVX-512 VNNI (without AMX) and
-    every head is a multiple of 32; float16 for heads of 16 (the plain C loops would run
-    them) and on CPUs without AVX-512 VNNI."""
+    """"auto": int16 where the kernel runs its attention on VNNI (AVX-512 VNNI or AVX-VNNI,
+    without AMX) and every head is a multiple of 32; float16 for heads of 16 (the plain C
+    loops would run them) and on CPUs without VNNI."""
     want = "int16" if kernels.i16kv_preferred() else "float16"
     assert _load(head32).spec.kv_pairs[0].dtype == want
     assert _load(genai_model_dir).spec.kv_pairs[0].dtype == "float16"  # heads of 16
@@ -112,7 +112,7 @@ def test_int16_kv_answers_close_to_float32_kv(head32, genai_model_dir, head):
 
 
 def test_int16_kv_gives_the_same_answer_in_chunks_of_any_size_with_heads_of_32(head32):
-    """The VNNI path's shape (test_kv16.py covers the other paths with heads of 16)."""
+    """The VNNI paths' shape (test_kv16.py covers the other paths with heads of 16)."""
     engine = _load(head32, kv_dtype="int16")
     ids = [5 + (11 * i) % 53 for i in range(300)]
     last = {}

@@ -121,7 +121,7 @@ def test_prompt_lookup_speculation_gives_plain_greedys_tokens():
 
 def test_these_answers_are_16_bit_kvs():
     """The built-in model keeps its KV in 16 bits (engine.model.kv16_pass): int16 rows and
-    their scales where the CPU runs them on AVX-512 VNNI (23,400 bytes a token), else float16
+    their scales where the CPU runs them on VNNI (23,400 bytes a token), else float16
     (half of float32's 46,080), and the paths above are that cache's."""
     engine = Engine.load(MODEL, EngineConfig(intra_op_threads=2))
     try:
