@@ -14,6 +14,10 @@ import sys
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, CompileError
+
+#: Leaves out decode_attention.c's AVX-VNNI section (BuildKernels.build_extension).
+NO_AVX_VNNI = "-DENGINE_NO_AVX_VNNI"
 
 
 class BuildKernels(build_ext):
@@ -27,6 +31,21 @@ class BuildKernels(build_ext):
 
     def get_export_symbols(self, ext: Extension) -> list[str]:
         return []  # the source exports RegisterCustomOps itself
+
+    def build_extension(self, ext: Extension) -> None:
+        """Where the compiler or assembler cannot build the AVX-VNNI section (GCC 11 with
+        binutils older than 2.36, say), build once more without it, rather than lose every
+        kernel: such CPUs then run the int16 cache's plain C loops."""
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, CompileError) as err:
+            if sys.platform == "win32" or NO_AVX_VNNI in ext.extra_compile_args:
+                raise
+            print(f"engine kernels: building again without the AVX-VNNI code ({err})",
+                  file=sys.stderr)
+            ext.extra_compile_args = [*ext.extra_compile_args, NO_AVX_VNNI]
+            self.force = True
+            super().build_extension(ext)
 
 
 flags = ["/O2"] if sys.platform == "win32" else ["-O3", "-fvisibility=hidden", "-Wall"]

@@ -571,7 +571,8 @@ __attribute__((target("avx512f"))) static float largest_avx512(const float* x, i
    at every read: a score is ((float)(q . k, exact in int32) * q's scale) * k's scale, and a
    tile's weighted values (TILE positions at fixed places) sum exactly in int32 before one
    multiply-add into the float total. Integer sums are exact in any order, so every path
-   (VPDPWSSD where the CPU has AVX-512 VNNI, plain C otherwise) gives the same bits. */
+   (VPDPWSSD where the CPU has AVX-512 VNNI or AVX-VNNI, plain C otherwise) gives the same
+   bits. */
 
 /* The largest M with D * M * M < 2^31 (the products' sum of a row then fits int32). */
 static int64_t i16_limit(int64_t D) {
@@ -703,7 +704,8 @@ static ALWAYS_INLINE void i16_row_weigh(const float* p, const int16_t* V, int64_
   int32_t sum[MAX_HEAD];
   for (int64_t d = 0; d < D; ++d) sum[d] = 0;
   for (int64_t t = 0; t < m; ++t) {
-    const int32_t wt = (int32_t)nearbyintf(w[t] * inv);
+    const float r = nearbyintf(w[t] * inv);
+    const int32_t wt = r == r ? (int32_t)r : 0; /* NaN (a malformed row): 0, as VPMOVDW leaves it */
     const int16_t* v = V + t * I16_ROW(D);
     for (int64_t d = 0; d < D; ++d) sum[d] += wt * (int32_t)v[d];
   }
@@ -1114,9 +1116,16 @@ I16_TARGET __attribute__((noinline)) static void i16_weigh(const int32_t* const*
    sums are exact and the float steps come in the same order, so the bits are those of the
    plain C loops and of the AVX-512 code (the tests compare all three). */
 
-/* AVX-VNNI intrinsics and target: GCC 11 and clang 12 onwards (an older compiler leaves
-   the section out, and such CPUs run plain C) */
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+/* An int16 cache's step `f` on the 256-bit code (i16y_f) or the 512-bit one (i16_f), as
+   g_vnni says: direct calls (a pointer chosen between the two cost decode 15-30%). */
+#define I16_CALL(f, ...) (g_vnni == 2 ? i16y_##f(__VA_ARGS__) : i16_##f(__VA_ARGS__))
+
+/* AVX-VNNI's target and the assembler's {vex}: GCC 11 and clang 12 onwards (Apple's 13:
+   its 12 predates the target), with binutils 2.36 or later under GCC; setup.py builds again
+   with ENGINE_NO_AVX_VNNI where that fails. Without the section such CPUs run plain C. */
+#if !defined(ENGINE_NO_AVX_VNNI) &&                                                         \
+    ((defined(__clang__) && __clang_major__ >= (defined(__apple_build_version__) ? 13 : 12)) || \
+     (!defined(__clang__) && __GNUC__ >= 11))
 #define HAVE_AVX_VNNI 1
 #include <cpuid.h>
 #define I16Y_TARGET __attribute__((target("avx2,fma,avxvnni")))
@@ -1172,6 +1181,8 @@ I16Y_TARGET static float i16y_weights(const float* p, const float* sv, int64_t m
   __m256 top = _mm256_setzero_ps();
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i low_halves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8,
+                                              9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
   for (int64_t c = 0; c < len / 8; ++c) {
     const int64_t left = m - 8 * c;
     const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left < 0 ? 0 : left)), lane);
@@ -1184,8 +1195,10 @@ I16Y_TARGET static float i16y_weights(const float* p, const float* sv, int64_t m
   const float most = _mm_cvtss_f32(t4);
   const __m256 inv = _mm256_set1_ps(i16_factor(M, most));
   for (int64_t c = 0; c < len / 8; ++c) {
-    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(w[c], inv)); /* |q| <= M: no saturation below */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(q, q), 0x08);
+    /* each int32's low half, as VPMOVDW keeps it (a NaN weight, from a malformed row, gives
+       0 on both paths; a finite one is within M anyway) */
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(w[c], inv));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, low_halves), 0x08);
     _mm_storeu_si128((__m128i*)(wq + 4 * c), _mm256_castsi256_si128(packed));
   }
   return most / M;
@@ -1244,7 +1257,7 @@ I16Y_TARGET static ALWAYS_INLINE void i16y_weigh_n(const int32_t* const* wq, con
   __m256i sum[2][4];
   for (int i = 0; i < N; ++i)
     for (int c = 0; c < 4; ++c) sum[i][c] = _mm256_setzero_si256();
-  _Pragma("GCC unroll 2") for (int64_t j = 0; j < pairs; ++j) {
+  _Pragma("GCC unroll 1") for (int64_t j = 0; j < pairs; ++j) { /* unrolled, GCC 12 spills */
     const int32_t* at = vt + (j * (D / 16) + 2 * h) * 16;
     __m256i b[2];
     for (int i = 0; i < N; ++i) b[i] = _mm256_set1_epi32(wq[i][j]);
@@ -2063,7 +2076,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         int32_t* kt = (int32_t*)tile; /* [D / 2][TILE] */
         float* sk = tile + TILE * (D / 2);
         for (int64_t k0 = 0; k0 < 16 * groups; k0 += 16)
-          (g_vnni == 2 ? i16y_row_keys : i16_row_keys)((const int16_t*)KVC_AT(s->keys, ra, ts) + k0 * I16_ROW(D),
+          I16_CALL(row_keys, (const int16_t*)KVC_AT(s->keys, ra, ts) + k0 * I16_ROW(D),
                                                         mt - k0, D, kt + k0, sk + k0);
         const int32_t* qv[MAX_VECTORS];
         float qsv[MAX_VECTORS];
@@ -2078,7 +2091,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
             sv[nq] = scores + v * CHUNK + ts;
           }
         }
-        (g_vnni == 2 ? i16y_dots : i16_dots)(qv, qsv, sv, nq, kt, sk, groups, D);
+        I16_CALL(dots, qv, qsv, sv, nq, kt, sk, groups, D);
         continue;
       }
       const int wide = g_isa == 2 && D % 16 == 0,
@@ -2180,7 +2193,7 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
         int32_t* vt = (int32_t*)tile;          /* [TILE / 2][D] */
         float* sv = tile + TILE * (D / 2);
         for (int64_t v0 = 0; v0 < len; v0 += 16)
-          (g_vnni == 2 ? i16y_row_values : i16_row_values)((const int16_t*)KVC_AT(s->values, ra, ts) + v0 * I16_ROW(D),
+          I16_CALL(row_values, (const int16_t*)KVC_AT(s->values, ra, ts) + v0 * I16_ROW(D),
                                                             mt - v0, D, vt + (v0 / 2) * D, sv + v0);
         int32_t wbuf[6 * (TILE / 2)];
         const int32_t* wq[6];
@@ -2193,16 +2206,16 @@ static ALWAYS_INLINE void attend(const Step* s, int64_t r0, int64_t r1, int64_t 
           for (int64_t j = 0; j < G; ++j) {
             const int64_t v = (r - r0) * G + j;
             wq[nw] = wbuf + nw * (TILE / 2);
-            sw[nw] = (g_vnni == 2 ? i16y_weights : i16_weights)(scores + v * CHUNK + ts, sv, n - ts, len, Mt,
+            sw[nw] = I16_CALL(weights, scores + v * CHUNK + ts, sv, n - ts, len, Mt,
                                                                 wbuf + nw * (TILE / 2));
             wa[nw] = accs + v * D;
             if (++nw == 6) {
-              (g_vnni == 2 ? i16y_weigh : i16_weigh)(wq, sw, vt, len / 2, wa, nw, D);
+              I16_CALL(weigh, wq, sw, vt, len / 2, wa, nw, D);
               nw = 0;
             }
           }
         }
-        if (nw > 0) (g_vnni == 2 ? i16y_weigh : i16_weigh)(wq, sw, vt, len / 2, wa, nw, D);
+        if (nw > 0) I16_CALL(weigh, wq, sw, vt, len / 2, wa, nw, D);
         continue;
       }
       /* a float16 cache's values for a few vectors: converted in registers (weigh_f16) */
@@ -2799,7 +2812,7 @@ static int vnni_rows(const char* paths) {
 }
 
 /* For the engine (ctypes): 1 where an int16 cache's attention runs on AVX-512 VNNI here,
-   0 where it runs in plain C (the same numbers, slower: the engine then keeps float16 KV
+   2 where on AVX-VNNI's 256-bit registers, 0 where it runs in plain C (the same numbers, slower: the engine then keeps float16 KV
    unless int16 is asked for). A build without this function has no int16 cache. */
 ENGINE_EXPORT int EngineKernelsInt16Fast(void) { return vnni_rows(choose_paths()); }
 

@@ -199,7 +199,7 @@ def sixteen_bit(config: EngineConfig, head_dims: list[int]) -> str:
     without AMX and every head is a multiple of 32 (kernels.i16kv_preferred; its attention
     then runs on whole numbers: a 512-token chunk after 5,552 positions 0.66-0.70x, a decode
     step after 8,000 0.65-0.86x of float16's time on Zen 5; the 256-bit code against
-    float16's AVX2 code 0.67x and 0.88x, engine/README.md); else "float16"."""
+    float16's AVX2 code 0.59x and 0.73x, engine/README.md); else "float16"."""
     if config.kv_dtype == "int16":
         return "int16"
     if config.kv_dtype == "auto" and head_dims and all(d % 32 == 0 for d in head_dims) \
