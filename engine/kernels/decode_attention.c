@@ -491,15 +491,18 @@ HOT static void halves_to_floats(const uint16_t* h, int64_t n, float* f) {
   for (int64_t i = 0; i < n; ++i) f[i] = half_to_float(h[i]);
 }
 
-/* An int8 row's scale (the bfloat16 after its D values). */
-static inline float i8_scale(const int8_t* row, int64_t D) {
+/* The bfloat16 at p (any alignment) as a float: exact. */
+static inline float bf16_at(const void* p) {
   uint16_t bits;
-  memcpy(&bits, row + D, sizeof bits);
+  memcpy(&bits, p, sizeof bits);
   const uint32_t wide = (uint32_t)bits << 16;
-  float scale;
-  memcpy(&scale, &wide, sizeof scale);
-  return scale;
+  float value;
+  memcpy(&value, &wide, sizeof value);
+  return value;
 }
+
+/* An int8 row's scale (the bfloat16 after its D values). */
+static inline float i8_scale(const int8_t* row, int64_t D) { return bf16_at(row + D); }
 
 /* f[i * D + d] = row i's value d as a float, for `rows` int8 rows of I8_ROW(D) bytes at src:
    q * scale, the one multiply every path makes. HOT: vectorised where the CPU can. */
@@ -587,14 +590,7 @@ static int64_t i16_limit(int64_t D) {
 static inline int64_t i16_row_limit(int64_t D) { return i16_limit(D > TILE ? D : TILE); }
 
 /* An int16 row's scale (the bfloat16 after its D whole numbers). */
-static inline float i16_row_scale(const int16_t* row, int64_t D) {
-  uint16_t bits;
-  memcpy(&bits, row + D, sizeof bits);
-  const uint32_t wide = (uint32_t)bits << 16;
-  float scale;
-  memcpy(&scale, &wide, sizeof scale);
-  return scale;
-}
+static inline float i16_row_scale(const int16_t* row, int64_t D) { return bf16_at(row + D); }
 
 /* A new key or value row into the int16 cache: scale = largest |x| / M rounded up to a
    bfloat16, q = x / scale rounded to nearest (ties to even). Rounding up leaves no value

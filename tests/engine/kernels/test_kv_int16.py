@@ -7,18 +7,16 @@ sessions, forks, the tiered store) are checked for int16 too in test_kv16.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto
 
-from engine import Engine, EngineConfig, GenerateOptions, GenerateRequest, kernels
+from engine import kernels
 from engine.errors import InvalidOptionError
-from engine.model.graph_passes import KERNEL_DOMAIN, own_attention
-from engine.model.kv16_pass import I16_OP, cache_kv
-from tests.engine.kernels.test_kv16 import F16_DRIFT, _steps
+from engine.model.kv16_pass import I16_OP
+from tests.engine.kernels.test_kv8 import check_pass_rows
+from tests.engine.kernels.test_kv16 import F16_DRIFT, _greedy, _load, check_close_to_float32
 from tests.forge import ForgeSpec, write_genai_model
 
 pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i16kv_ready(),
@@ -29,15 +27,6 @@ pytestmark = pytest.mark.skipif(kernels.library() is None or not kernels.i16kv_r
 I16_DRIFT = F16_DRIFT
 
 
-def _load(folder: Path, **config: Any) -> Engine:
-    return Engine.load(folder, EngineConfig(intra_op_threads=2, **config))
-
-
-def _greedy(ids: tuple[int, ...], n: int = 16) -> GenerateRequest:
-    return GenerateRequest(token_ids=ids, options=GenerateOptions(
-        max_new_tokens=n, temperature=0.0, stop_on_eos=False))
-
-
 @pytest.fixture(scope="module")
 def head32(tmp_path_factory) -> Path:
     """A forged model with heads of 32: the VNNI paths' shape."""
@@ -46,22 +35,7 @@ def head32(tmp_path_factory) -> Path:
 
 
 def test_the_pass_makes_int16_rows_of_head_size_plus_a_scale(genai_model_dir, forge_spec):
-    moved = own_attention((genai_model_dir / "model.onnx").read_bytes())
-    assert moved is not None
-    names = [f"{d}.{i}.{k}" for d in ("past_key_values", "present") for i in range(2)
-             for k in ("key", "value")]
-    cached, why = cache_kv(moved, "int16", dict.fromkeys(names, forge_spec.hd))
-    assert why is None and cached is not None
-    model = onnx.load_from_string(cached)
-    kv = [v for v in (*model.graph.input, *model.graph.output)
-          if v.name.startswith(("past", "present"))]
-    assert len(kv) == 8
-    for value in kv:
-        assert value.type.tensor_type.elem_type == TensorProto.INT16
-        assert value.type.tensor_type.shape.dim[-1].dim_value == forge_spec.hd + 1
-    attention = [n for n in model.graph.node if "GroupQueryAttention" in n.op_type]
-    assert [(n.op_type, n.domain) for n in attention] == [(I16_OP, KERNEL_DOMAIN)] * 2
-    assert cache_kv(moved, "int16", {})[1] == "a KV tensor's head size is not known"
+    check_pass_rows(genai_model_dir, forge_spec.hd, "int16", TensorProto.INT16, 1, I16_OP)
 
 
 def test_the_engine_keeps_int16_kv_at_half_of_float32s_bytes_and_a_scale(head32):
@@ -98,17 +72,8 @@ def test_int16_asked_for_where_the_kernel_does_not_run_is_a_clear_error(optimum_
 @pytest.mark.parametrize("head", [16, 32])
 def test_int16_kv_answers_close_to_float32_kv(head32, genai_model_dir, head):
     folder = head32 if head == 32 else genai_model_dir
-    small, full = _load(folder, kv_dtype="int16"), _load(folder, kv_dtype="float32")
-    ids = [5 + (11 * i) % 53 for i in range(200)]
-    pairs = list(zip(_steps(small, ids, 40), _steps(full, ids, 40), strict=True))
-    for a, b in pairs:
-        scale = max(float(np.abs(b).max()), 1.0)
-        assert float(np.abs(a - b).max()) <= I16_DRIFT * scale
-        assert int(a.argmax()) == int(b.argmax())
-    assert any(not np.array_equal(a, b) for a, b in pairs)  # the cache was int16
-    prompt = tuple(ids[:60])
-    assert small.generate(_greedy(prompt, 24)).token_ids == \
-        full.generate(_greedy(prompt, 24)).token_ids
+    check_close_to_float32(_load(folder, kv_dtype="int16"), _load(folder, kv_dtype="float32"),
+                           I16_DRIFT)
 
 
 def test_int16_kv_gives_the_same_answer_in_chunks_of_any_size_with_heads_of_32(head32):
