@@ -24,8 +24,8 @@ from typing import Any
 
 #: "0": run without the engine's kernels (a comparison, or a suspected bug); "portable":
 #: their plain C loops even where the CPU has AVX2; "avx2": no AVX-512 (an int16 cache's
-#: attention then runs in plain C, and "auto" keeps float16 KV); "avx512": no AMX (the
-#: tests cover each).
+#: attention then runs on AVX-VNNI where the CPU has it, else in plain C, and "auto" keeps
+#: float16 KV there); "avx512": no AMX (the tests cover each).
 ENV = "ONNX_GENAI_KERNELS"
 #: "0": MatMulNBits keeps ONNX Runtime's kernel, attention the engine's (ENV turns off both);
 #: "all": 8-bit weights run the engine's too (engine.model.matmul_pass.EIGHT_BIT), and so
