@@ -29,6 +29,10 @@ FORMAT_VERSION = 1
 PREAMBLE = struct.Struct("<8sIIQ32s")
 FILE_RE = re.compile(r"([0-9a-f]{64})\.kvc")
 STALE_TMP_S = 3600.0
+#: The element types a chunk's arrays may have; of them, the live cache's own int8 and
+#: int16 rows (each with its scale) are written as they are, never re-quantized.
+CHUNK_DTYPES = ("float32", "float16", "int8", "int16")
+ROW_DTYPES = ("int8", "int16")
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def check_key(key: str) -> None:
 
 def encode_chunk(chunk: Sequence[np.ndarray], quantize: bool) -> Encoded:
     parts: tuple[QuantizedKV | np.ndarray, ...]
-    if quantize and chunk[0].dtype.kind == "f":  # int8 / int16 cache rows: as they are
+    if quantize and chunk[0].dtype.name not in ROW_DTYPES:  # cache rows: as they are
         parts = tuple(quantize_int8(a) for a in chunk)
     else:
         parts = tuple(np.array(a, dtype=a.dtype.newbyteorder("<"), order="C") for a in chunk)
@@ -97,22 +101,18 @@ def parse_chunk(
         raise CorruptChunk("checksum mismatch")
     try:
         header = json.loads(bytes(body[:header_len]).decode("utf-8"))
-        # int8 and int16 cache rows: never re-quantized
-        raw8 = all(dtype in ("int8", "int16") for dtype, _ in header["arrays"])
+        rows = all(dtype in ROW_DTYPES for dtype, _ in header["arrays"])
         found = (header["model_id"], header["key"], header["chunk_tokens"], header["quantized"])
-        if found != (model_id, key, chunk_tokens, quantized and not raw8):
+        if found != (model_id, key, chunk_tokens, quantized and not rows):
             raise CorruptChunk(f"belongs to (model, key, chunk_tokens, quantized)={found}")
         parts: list[QuantizedKV | np.ndarray] = []
         offset = PREAMBLE.size + header_len
         for dtype, shape in header["arrays"]:
             heads, tokens, head_dim = (int(n) for n in shape)
-            if dtype not in ("float32", "float16", "int8", "int16") or \
-                    tokens != chunk_tokens or min(
-                heads, head_dim
-            ) < 0:
+            if dtype not in CHUNK_DTYPES or tokens != chunk_tokens or min(heads, head_dim) < 0:
                 raise CorruptChunk(f"unexpected array {dtype}{shape}")
             count = heads * tokens * head_dim
-            if quantized and not raw8:
+            if quantized and not rows:
                 scales = np.frombuffer(blob, "<f4", heads, offset)
                 offset += 4 * heads
                 data = np.frombuffer(blob, np.int8, count, offset).reshape(shape)

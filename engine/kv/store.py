@@ -43,6 +43,7 @@ import numpy as np
 import platformdirs
 
 from engine.kv.format import (
+    CHUNK_DTYPES,
     CorruptChunk,
     Encoded,
     check_key,
@@ -242,7 +243,7 @@ class KVStore:
             )
         for i, a in enumerate(chunk):
             ok = (isinstance(a, np.ndarray) and a.ndim == 3
-                  and a.dtype.name in ("float32", "float16", "int8", "int16")
+                  and a.dtype.name in CHUNK_DTYPES
                   and a.shape[1] == self.chunk_tokens)
             if not ok:
                 got = f"{a.dtype.name}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a)
